@@ -1,0 +1,49 @@
+# Two set-up commands for a fresh machine: `make demo` and `make test`.
+# Everything is installed by these targets: the venv (pip, pinned), the JVM jars
+# (Maven, pinned in jvm/pom.xml), and Postgres (apt-get, by `lakesync up` when absent).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+JARS   := build/jvm/.resolved
+
+.PHONY: demo test unit e2e venv jars up down clean
+
+demo: venv jars
+	$(BIN)/lakesync demo
+
+test: venv jars
+	$(BIN)/python -m pytest tests
+
+unit: venv
+	$(BIN)/python -m pytest tests/unit
+
+e2e: venv jars
+	$(BIN)/python -m pytest tests/e2e
+
+venv: $(BIN)/lakesync
+
+$(BIN)/lakesync: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip==25.3
+	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $@
+
+jars: $(JARS)
+
+$(JARS): jvm/pom.xml jvm/kafka/pom.xml jvm/spark/pom.xml
+	@command -v mvn >/dev/null || { echo "Maven (mvn) is required to resolve the JVM jars: apt-get install maven" >&2; exit 2; }
+	@command -v java >/dev/null || { echo "Java 17+ is required: apt-get install openjdk-17-jre-headless" >&2; exit 2; }
+	rm -rf build/jvm
+	mvn --batch-mode --quiet -f jvm/pom.xml package
+	touch $@
+
+up: venv jars
+	$(BIN)/lakesync up
+
+down:
+	$(BIN)/lakesync down
+
+clean: down
+	rm -rf .stack build

@@ -1,0 +1,3 @@
+from sync.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""Decode Debezium JSON change events (as read from Kafka) into typed Spark columns.
+
+One row per Kafka record in, one row per change out: the table's columns converted
+exactly (sync/cdc/types.py), plus the provenance columns every projection row carries
+(DESIGN.md section 4). Tombstones (null values, written after deletes for compaction)
+carry no change and are left out here.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from sync.cdc.ordering import position_columns
+from sync.cdc.types import ColumnType
+
+SOURCE_STRUCT = ("struct<sequence: string, lsn: bigint, txId: bigint, ts_us: bigint, "
+                 "snapshot: string, schema: string, table: string>")
+
+PROVENANCE = ["_commit_lsn", "_lsn", "_txid", "_source_ts", "_op", "_topic", "_partition", "_offset"]
+
+
+def convert(value: Column, column: ColumnType) -> Column:
+    """The Delta value of one column from its parsed JSON value."""
+    kind = column.convert
+    if kind == "none":
+        return value.cast(column.delta_type)
+    if kind == "decimal":
+        return value.cast(column.delta_type)
+    if kind == "timestamptz":
+        return F.to_timestamp(value)
+    if kind == "micros_ntz":
+        return F.timestamp_micros(value).cast("timestamp_ntz")
+    if kind == "millis_ntz":
+        return F.timestamp_millis(value).cast("timestamp_ntz")
+    if kind == "nanos_ntz":
+        return F.timestamp_micros(F.floor(value / 1000)).cast("timestamp_ntz")
+    if kind == "epoch_days":
+        return F.date_from_unix_date(value)
+    if kind in ("micros_time", "millis_time", "nanos_time"):
+        micros = {"micros_time": value, "millis_time": value * 1000, "nanos_time": F.floor(value / 1000)}[kind]
+        return F.date_format(F.timestamp_micros(micros), "HH:mm:ss.SSSSSS")
+    if kind == "base64":
+        return F.unbase64(value)
+    if kind == "array":
+        assert column.element is not None
+        return F.transform(value, lambda element: convert(element, column.element))
+    raise ValueError(f"column {column.name!r}: unknown conversion {kind!r}")
+
+
+def row_struct(columns: list[ColumnType]) -> str:
+    return "struct<" + ", ".join(f"`{c.name}`: {c.json_type}" for c in columns) + ">"
+
+
+def decode_changes(records: DataFrame, columns: list[ColumnType]) -> DataFrame:
+    """Kafka records of one table -> typed change rows with provenance.
+
+    The row image is `after` for c/u/r and `before` for d (it holds the key); a
+    truncate (op t) has neither and keeps only its provenance.
+    """
+    row = row_struct(columns)
+    envelope = (f"struct<payload: struct<before: {row}, after: {row}, source: {SOURCE_STRUCT}, "
+                f"op: string>>")
+    parsed = (records.where(F.col("value").isNotNull())
+              .select(F.from_json(F.col("value").cast("string"), envelope).alias("e"),
+                      "topic", "partition", "offset"))
+    image = F.coalesce(F.col("e.payload.after"), F.col("e.payload.before"))
+    commit_lsn, lsn = position_columns(F.col("e.payload.source.sequence"))
+    return parsed.select(
+        *[convert(image[c.name], c).alias(c.name) for c in columns],
+        commit_lsn.alias("_commit_lsn"),
+        lsn.alias("_lsn"),
+        F.col("e.payload.source.txId").alias("_txid"),
+        F.timestamp_micros(F.col("e.payload.source.ts_us")).alias("_source_ts"),
+        F.col("e.payload.op").alias("_op"),
+        F.col("topic").alias("_topic"),
+        F.col("partition").alias("_partition"),
+        F.col("offset").alias("_offset"),
+    )

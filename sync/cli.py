@@ -1,0 +1,125 @@
+"""The `lakesync` command line.
+
+Expected failures (a service down, a port taken, Java missing, a projection behind) are
+LakesyncError subclasses and end as one line on stderr with a non-zero exit; anything
+else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from sync import config
+from sync.errors import LakesyncError
+
+
+def _utc() -> None:
+    # PySpark turns timestamps into naive datetimes in the process' local zone; make it UTC.
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+
+
+def cmd_up(settings, args) -> int:
+    from sync import stack
+
+    print(f"starting the embedded stack in {settings.home}")
+    took = stack.up(settings)
+    print(f"stack is up in {took:.1f}s: postgres {config.safe_dsn(settings.pg_dsn)}, "
+          f"kafka {settings.kafka_bootstrap}, connect {settings.connect_url}")
+    return 0
+
+
+def cmd_down(settings, args) -> int:
+    from sync import stack
+
+    stack.down(settings)
+    return 0
+
+
+def cmd_run(settings, args) -> int:
+    from sync import runner
+
+    runner.run(settings, once=args.once)
+    return 0
+
+
+def cmd_wait(settings, args) -> int:
+    from sync import freshness
+
+    took = freshness.wait(settings, timeout=args.timeout)
+    print(f"fresh: every projection reflects Postgres as of the call ({took:.1f}s)")
+    return 0
+
+
+def cmd_verify(settings, args) -> int:
+    from sync import verify
+
+    reports = verify.verify(settings)
+    ok = all(r.differences == 0 for r in reports)
+    if args.json:
+        print(json.dumps({"ok": ok, "projections": [r.as_json() for r in reports]}, indent=2, default=str))
+    else:
+        print(f"{'projection':<28} {'kind':<8} {'postgres':>9} {'delta':>9} {'differences':>12}")
+        for r in reports:
+            print(f"{r.name:<28} {r.kind:<8} {r.source_rows:>9} {r.target_rows:>9} {r.differences:>12}")
+            for s in r.sample:
+                print(f"    key {json.dumps(s['key'], default=str)}: postgres {json.dumps(s['source'], default=str)}"
+                      f" | delta {json.dumps(s['target'], default=str)}")
+        print("verify: no difference" if ok else "verify: DIFFERENCES FOUND")
+    return 0 if ok else 1
+
+
+def cmd_status(settings, args) -> int:
+    from sync import status
+
+    report = status.collect(settings)
+    print(json.dumps(report, indent=2) if args.json else status.render(report))
+    return 0 if status.healthy(report) else 1
+
+
+def cmd_demo(settings, args) -> int:
+    from sync import demo
+
+    return demo.main(settings)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="lakesync", description="Postgres -> Debezium -> Kafka -> Spark -> Delta")
+    sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub.add_parser("up", help="start the embedded stack (idempotent)").set_defaults(func=cmd_up)
+    sub.add_parser("down", help="stop the embedded stack and the runner (idempotent)").set_defaults(func=cmd_down)
+    run = sub.add_parser("run", help="run every projection")
+    run.add_argument("--once", action="store_true", help="process what is in Kafka now, then exit")
+    run.set_defaults(func=cmd_run)
+    sub.add_parser("demo", help="up, seed, workload, run, summary").set_defaults(func=cmd_demo)
+    status = sub.add_parser("status", help="health, slot lag, connector tasks, per-projection lag")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+    wait = sub.add_parser("wait", help="return once every projection reflects Postgres as of now")
+    wait.add_argument("--timeout", type=float, default=180.0, metavar="S")
+    wait.set_defaults(func=cmd_wait)
+    verify = sub.add_parser("verify", help="compare every projection with its Postgres oracle")
+    verify.add_argument("--json", action="store_true")
+    verify.set_defaults(func=cmd_verify)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    _utc()
+    args = parser().parse_args(argv)
+    settings = config.load()
+    try:
+        return args.func(settings, args)
+    except LakesyncError as error:
+        print(f"lakesync {args.command}: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""All of Lakesync's configuration, read in one place.
+
+Addresses come from environment variables whose defaults point at the embedded stack
+(`lakesync up`); pointed at a team's own Postgres, Kafka, Connect and Spark, the same
+code runs unchanged. The embedded stack listens where these addresses say, so changing
+a port is one variable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Names shared by the connector config, the migrations and the projections.
+TOPIC_PREFIX = "lakesync"            # Debezium topic.prefix: topics are PREFIX.SCHEMA.TABLE
+CAPTURED_SCHEMA = "public"           # every table here gets a mirror
+CONTROL_SCHEMA = "lakesync"          # heartbeat table, also captured (never mirrored)
+HEARTBEAT_TABLE = f"{CONTROL_SCHEMA}.heartbeat"
+CONNECTOR_NAME = "lakesync-postgres"
+PUBLICATION = "lakesync_pub"
+SLOT = "lakesync_slot"
+ROLES = {  # role -> what it may do; created by migrations/versions/0001
+    "app": "lakesync_app",            # the application: DML on the demo schema
+    "capture": "lakesync_capture",    # Debezium: REPLICATION + SELECT on captured tables
+    "auditor": "lakesync_auditor",    # read-only
+}
+ADMIN_ROLE = "lakesync_admin"        # owner/superuser of the embedded database
+
+
+def _env(name: str, default: str) -> str:
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+def _port(url: str, default: int) -> int:
+    return urlsplit(url if "//" in url else f"//{url}").port or default
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    lake: Path
+    jars: Path
+    pg_dsn: str
+    kafka_bootstrap: str
+    connect_url: str
+    spark_master: str
+    fault: str
+    trigger_seconds: float
+    shuffle_partitions: int
+    max_offsets_per_trigger: int
+    secrets_file: Path = field(init=False)
+    pgpass_file: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "secrets_file", self.home / "secrets.properties")
+        object.__setattr__(self, "pgpass_file", self.home / "pgpass")
+
+    # -- where the embedded services listen (derived from the addresses above) --
+    @property
+    def pg_port(self) -> int:
+        return _port(self.pg_dsn, 5432)
+
+    @property
+    def pg_database(self) -> str:
+        return urlsplit(self.pg_dsn).path.lstrip("/") or "postgres"
+
+    @property
+    def pg_host(self) -> str:
+        return urlsplit(self.pg_dsn).hostname or "127.0.0.1"
+
+    @property
+    def kafka_port(self) -> int:
+        return _port(self.kafka_bootstrap.split(",")[0], 9092)
+
+    @property
+    def kafka_controller_port(self) -> int:
+        return self.kafka_port + 1
+
+    @property
+    def connect_port(self) -> int:
+        return _port(self.connect_url, 8083)
+
+    # -- where the runner keeps its state --
+    @property
+    def checkpoints(self) -> Path:
+        return self.lake / "_checkpoints"
+
+    @property
+    def progress_dir(self) -> Path:
+        return self.lake / "_progress"
+
+    @property
+    def runner_pidfile(self) -> Path:
+        return self.home / "runner.pid"
+
+    @property
+    def logs(self) -> Path:
+        return self.home / "logs"
+
+
+def load() -> Settings:
+    home = Path(_env("LAKESYNC_HOME", str(ROOT / ".stack"))).resolve()
+    settings = Settings(
+        home=home,
+        lake=Path(_env("LAKESYNC_LAKE", str(home / "lake"))).resolve(),
+        jars=Path(_env("LAKESYNC_JARS", str(ROOT / "build" / "jvm"))).resolve(),
+        pg_dsn=_env("LAKESYNC_PG_DSN", f"postgresql://{ADMIN_ROLE}@127.0.0.1:15432/lakesync"),
+        kafka_bootstrap=_env("LAKESYNC_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
+        connect_url=_env("LAKESYNC_CONNECT_URL", "http://127.0.0.1:18083").rstrip("/"),
+        spark_master=_env("LAKESYNC_SPARK_MASTER", "local[2]"),
+        fault=_env("LAKESYNC_FAULT", ""),
+        trigger_seconds=float(_env("LAKESYNC_TRIGGER_SECONDS", "1")),
+        shuffle_partitions=int(_env("LAKESYNC_SHUFFLE_PARTITIONS", "4")),
+        max_offsets_per_trigger=int(_env("LAKESYNC_MAX_OFFSETS_PER_TRIGGER", "500000")),
+    )
+    # Passwords never sit in a DSN: libpq reads them from this file (user-set wins).
+    os.environ.setdefault("PGPASSFILE", str(settings.pgpass_file))
+    return settings
+
+
+def read_secrets(settings: Settings) -> dict[str, str]:
+    """Role passwords of the embedded stack (Java properties format, shared with Connect)."""
+    if not settings.secrets_file.exists():
+        return {}
+    pairs = (line.split("=", 1) for line in settings.secrets_file.read_text().splitlines()
+             if "=" in line and not line.startswith("#"))
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def role_dsn(settings: Settings, role: str) -> str:
+    """The source DSN with another role (its password comes from PGPASSFILE)."""
+    parts = urlsplit(settings.pg_dsn)
+    host = parts.netloc.split("@", 1)[-1]
+    return parts._replace(netloc=f"{role}@{host}").geturl()
+
+
+def safe_dsn(dsn: str) -> str:
+    """The DSN with any password removed, for status output and messages."""
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.split("@", 1)[1]
+    user = parts.username or ""
+    return parts._replace(netloc=f"{user}@{netloc}" if user else netloc).geturl()

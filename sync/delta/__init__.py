@@ -1,0 +1,1 @@
+"""Writing to Delta tables: idempotent commits and the newer-than MERGE."""

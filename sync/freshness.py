@@ -1,0 +1,152 @@
+"""How far each projection is behind Postgres, and the freshness barrier (`lakesync wait`).
+
+The barrier's steps, in order:
+  1. Read Postgres' current WAL position L. Every transaction that committed before the
+     call has its commit record below L.
+  2. Touch the heartbeat row, so that a captured change exists after L even when the
+     database is otherwise idle (the connector has something to confirm).
+  3. Wait until Kafka Connect's committed source offset for the connector reaches L.
+     Connect commits a source offset only once every record before it has been
+     acknowledged by Kafka, and Debezium emits transactions in commit order, so every
+     change committed before L is then in Kafka.
+  4. Take the end offsets of every topic each projection reads.
+  5. Wait until each projection's last committed batch (its Spark checkpoint) covers
+     those end offsets. Its Delta tables then reflect every transaction from step 1.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from projections import all_projections
+from sync.config import CONNECTOR_NAME, HEARTBEAT_TABLE, Settings
+from sync.errors import NotFresh, ServiceUnavailable
+from sync.stack.connect import rest
+
+Offsets = dict[tuple[str, int], int]  # (topic, partition) -> next offset
+
+
+@dataclass
+class Lag:
+    projection: str
+    behind: int                 # records in Kafka not yet covered by a committed batch
+    end: Offsets
+    processed: Offsets
+
+
+def pg_connect(settings: Settings, **kwargs) -> psycopg.Connection:
+    try:
+        return psycopg.connect(settings.pg_dsn, connect_timeout=5, **kwargs)
+    except psycopg.OperationalError as error:
+        reason = str(error).strip().splitlines()[-1] if str(error).strip() else "unreachable"
+        raise ServiceUnavailable(f"Postgres is unreachable at {settings.pg_host}:{settings.pg_port}: {reason}") from None
+
+
+def parse_lsn(text: str) -> int:
+    """'0/1A2B3C' -> integer LSN."""
+    high, low = text.split("/")
+    return (int(high, 16) << 32) + int(low, 16)
+
+
+def wal_position_and_touch(settings: Settings) -> int:
+    with pg_connect(settings, autocommit=True) as conn:
+        (lsn,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        conn.execute(f"INSERT INTO {HEARTBEAT_TABLE} (id, beat_at) VALUES (2, clock_timestamp()) "
+                     "ON CONFLICT (id) DO UPDATE SET beat_at = EXCLUDED.beat_at")
+    return parse_lsn(lsn)
+
+
+def connector_lsn(settings: Settings) -> int:
+    """The highest LSN in the connector's committed source offset (0 if none yet)."""
+    answer = rest(settings, "GET", f"/connectors/{CONNECTOR_NAME}/offsets")
+    best = 0
+    for entry in answer.get("offsets", []):
+        offset = entry.get("offset") or {}
+        best = max([best] + [int(offset[k]) for k in ("lsn", "lsn_proc", "lsn_commit") if offset.get(k)])
+    return best
+
+
+def end_offsets(settings: Settings, pattern: str) -> Offsets:
+    import re
+
+    regex = re.compile(pattern)
+    try:
+        metadata = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(timeout=10)
+    except Exception as error:  # librdkafka raises KafkaException with a long text
+        raise ServiceUnavailable(f"Kafka is unreachable at {settings.kafka_bootstrap} ({error})") from None
+    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "lakesync-freshness",
+                         "enable.auto.commit": False})
+    try:
+        ends: Offsets = {}
+        for topic, meta in metadata.topics.items():
+            if not regex.fullmatch(topic):
+                continue
+            for partition in meta.partitions:
+                _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+                ends[(topic, partition)] = high
+        return ends
+    finally:
+        consumer.close()
+
+
+def processed_offsets(checkpoint: Path) -> Offsets:
+    """The end offsets of the last batch the query committed (from its checkpoint)."""
+    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.is_dir() else []
+    if not commits:
+        return {}
+    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
+    done: Offsets = {}
+    for line in lines[2:]:
+        for topic, partitions in json.loads(line).items():
+            for partition, offset in partitions.items():
+                done[(topic, int(partition))] = int(offset)
+    return done
+
+
+def lags(settings: Settings) -> list[Lag]:
+    result = []
+    for projection in all_projections():
+        end = end_offsets(settings, projection.TOPIC_PATTERN)
+        done = processed_offsets(settings.checkpoints / projection.NAME)
+        behind = sum(max(0, high - done.get(tp, 0)) for tp, high in end.items())
+        result.append(Lag(projection.NAME, behind, end, done))
+    return result
+
+
+def wait(settings: Settings, timeout: float = 120.0) -> float:
+    """The freshness barrier; returns the seconds it took or raises NotFresh."""
+    started = time.monotonic()
+    deadline = started + timeout
+    target_lsn = wal_position_and_touch(settings)
+    while connector_lsn(settings) < target_lsn:
+        if time.monotonic() > deadline:
+            raise NotFresh(f"not fresh after {timeout:.0f}s: Debezium has not captured up to "
+                           f"the WAL position of the call (connector {CONNECTOR_NAME})")
+        time.sleep(0.2)
+    goals = {p.NAME: end_offsets(settings, p.TOPIC_PATTERN) for p in all_projections()}
+    while True:
+        behind = []
+        for projection in all_projections():
+            done = processed_offsets(settings.checkpoints / projection.NAME)
+            missing = sum(max(0, high - done.get(tp, 0)) for tp, high in goals[projection.NAME].items())
+            if missing:
+                behind.append(f"{projection.NAME} ({missing} records behind)")
+        if not behind:
+            return time.monotonic() - started
+        if time.monotonic() > deadline:
+            raise NotFresh(f"not fresh after {timeout:.0f}s: " + ", ".join(behind) +
+                           ("" if _runner_alive(settings) else "; no runner is running (`lakesync run`)"))
+        time.sleep(0.2)
+
+
+def _runner_alive(settings: Settings) -> bool:
+    from sync.stack.process import read_pid
+
+    return read_pid(settings.runner_pidfile) is not None

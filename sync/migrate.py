@@ -1,0 +1,19 @@
+"""Apply the Alembic migrations in migrations/ to the source database."""
+
+from __future__ import annotations
+
+from alembic import command
+from alembic.config import Config
+
+from sync.config import ROOT, Settings
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    return "postgresql+psycopg://" + dsn.split("://", 1)[1]
+
+
+def upgrade(settings: Settings) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(ROOT / "migrations"))
+    config.set_main_option("sqlalchemy.url", sqlalchemy_url(settings.pg_dsn).replace("%", "%%"))
+    command.upgrade(config, "head")

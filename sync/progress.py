@@ -1,0 +1,41 @@
+"""Per-projection progress the runner leaves for `status`: last batch, rows applied.
+
+One small JSON file per projection under <lake>/_progress, replaced atomically after
+each batch's commits, so a reader never sees half of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from sync.config import Settings
+
+
+class Progress:
+    def __init__(self, settings: Settings, projection: str):
+        self.path = settings.progress_dir / f"{projection}.json"
+        self.state: dict[str, Any] = read(settings, projection)
+
+    def record(self, batch_id: int, applied_by_table: dict[str, int], started: float) -> None:
+        tables = self.state.setdefault("tables", {})
+        for table, rows in applied_by_table.items():
+            entry = tables.setdefault(table, {"rows_applied": 0})
+            entry["rows_applied"] += rows
+            entry["last_batch_at"] = time.time()
+            entry["last_batch_rows"] = rows
+        self.state.update(batch_id=batch_id, last_batch_at=time.time(),
+                          last_batch_seconds=round(time.time() - started, 3))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state))
+        os.replace(tmp, self.path)
+
+
+def read(settings: Settings, projection: str) -> dict[str, Any]:
+    try:
+        return json.loads((settings.progress_dir / f"{projection}.json").read_text())
+    except (OSError, ValueError):
+        return {}

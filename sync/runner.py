@@ -1,0 +1,81 @@
+"""The runner: one Spark driver, one streaming query per projection.
+
+`run(once=False)` keeps the queries going with a processing-time trigger until it is
+stopped (SIGTERM/SIGINT stop the queries between batches). `run(once=True)` uses
+availableNow triggers: every query processes what Kafka holds at start, then returns.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+from projections import all_projections
+from sync import spark as spark_session
+from sync.config import ROOT, Settings
+from sync.errors import LakesyncError, ServiceUnavailable
+from sync.stack.kafka import kafka_ready
+from sync.stack.process import pid_alive, read_pid, spawn, wait_until
+
+class RunnerFailed(LakesyncError):
+    exit_code = 1
+
+
+def run(settings: Settings, once: bool = False) -> None:
+    if not kafka_ready(settings.kafka_bootstrap, timeout=5):
+        raise ServiceUnavailable(f"Kafka is unreachable at {settings.kafka_bootstrap}")
+    if read_pid(settings.runner_pidfile):
+        raise RunnerFailed(f"a runner is already running (pid {read_pid(settings.runner_pidfile)}); "
+                           "two runners of the same projections must not both commit")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        spark = spark_session.session(settings, "lakesync-runner")
+        queries = []
+        for projection in all_projections():
+            # A pool per projection: the FAIR scheduler shares the two cores between them.
+            spark.sparkContext.setLocalProperty("spark.scheduler.pool", projection.NAME)
+            queries.append(projection.start(spark, settings, once))
+        # Written once the queries run: `start_background` and `status` read it.
+        settings.runner_pidfile.parent.mkdir(parents=True, exist_ok=True)
+        settings.runner_pidfile.write_text(str(os.getpid()))
+        while not stop.is_set():
+            for query in queries:
+                if not query.isActive:
+                    error = query.exception()
+                    if error is not None:
+                        raise RunnerFailed(f"projection {query.name} failed: {_first_line(error)}")
+            if all(not q.isActive for q in queries):
+                return
+            stop.wait(0.5)
+        for query in queries:
+            query.stop()
+    finally:
+        if settings.runner_pidfile.exists() and settings.runner_pidfile.read_text() == str(os.getpid()):
+            settings.runner_pidfile.unlink()
+
+
+def start_background(settings: Settings) -> int:
+    """Start `lakesync run` as a background process (unless one runs); returns its pid."""
+    pid = read_pid(settings.runner_pidfile)
+    if pid:
+        return pid
+    log = settings.logs / "runner.log"
+    pid = spawn([sys.executable, "-m", "sync", "run"], None, log,
+                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wait_until(lambda: _started_or_dead(settings, pid, log), 180, "the runner", log)
+    return pid
+
+
+def _started_or_dead(settings: Settings, pid: int, log) -> bool:
+    if not pid_alive(pid):
+        raise RunnerFailed(f"the runner exited during start-up; see {log}")
+    return read_pid(settings.runner_pidfile) == pid
+
+
+def _first_line(error) -> str:
+    text = str(getattr(error, "desc", None) or error)
+    return text.strip().splitlines()[0][:500]

@@ -1,0 +1,65 @@
+"""The embedded stack: Postgres, Kafka (KRaft) and Kafka Connect + Debezium on 127.0.0.1.
+
+`up` and `down` are idempotent: `up` starts only what is not running and re-registers
+the connector; `down` stops the runner and every service and leaves no process behind.
+The stack knows nothing of what runs on it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from typing import Callable
+
+from sync import migrate
+from sync.config import ADMIN_ROLE, ROLES, Settings, read_secrets
+from sync.stack.connect import Connect
+from sync.stack.kafka import Kafka
+from sync.stack.postgres import Postgres
+from sync.stack.process import read_pid, stop_pid
+
+
+def ensure_secrets(settings: Settings) -> None:
+    """Generate role passwords once; write them where libpq and Connect read them."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    known = read_secrets(settings)
+    wanted = ["admin_password"] + [f"{kind}_password" for kind in ROLES]
+    if any(key not in known for key in wanted):
+        known = {key: known.get(key) or secrets.token_urlsafe(18) for key in wanted}
+        settings.secrets_file.write_text("".join(f"{k}={v}\n" for k, v in known.items()))
+        os.chmod(settings.secrets_file, 0o600)
+    lines = [f"{settings.pg_host}:{settings.pg_port}:*:{ADMIN_ROLE}:{known['admin_password']}"]
+    lines += [f"{settings.pg_host}:{settings.pg_port}:*:{role}:{known[f'{kind}_password']}"
+              for kind, role in ROLES.items()]
+    settings.pgpass_file.write_text("\n".join(lines) + "\n")
+    os.chmod(settings.pgpass_file, 0o600)
+
+
+def up(settings: Settings, say: Callable[[str], None] = print) -> float:
+    """Start what is not running; returns the seconds it took."""
+    started = time.monotonic()
+    ensure_secrets(settings)
+    steps = [
+        ("postgres", Postgres(settings).start),
+        ("migrations", lambda: migrate.upgrade(settings)),
+        ("kafka", Kafka(settings).start),
+        ("connect + debezium", Connect(settings).start),
+    ]
+    for name, start in steps:
+        t0 = time.monotonic()
+        start()
+        say(f"  {name:<20} ready ({time.monotonic() - t0:.1f}s)")
+    return time.monotonic() - started
+
+
+def down(settings: Settings, say: Callable[[str], None] = print) -> None:
+    runner = read_pid(settings.runner_pidfile)
+    if runner:
+        stop_pid(runner, timeout=60)
+        say("  runner               stopped")
+    settings.runner_pidfile.unlink(missing_ok=True)
+    for name, service in (("connect", Connect(settings)), ("kafka", Kafka(settings)),
+                          ("postgres", Postgres(settings))):
+        service.stop()
+        say(f"  {name:<20} stopped")

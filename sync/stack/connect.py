@@ -1,0 +1,169 @@
+"""Kafka Connect in distributed mode (one worker) with the Debezium Postgres connector.
+
+The worker keeps connector configs, source offsets and task status in three compacted
+topics (Connect creates them so). The connector config lives in connectors/ and is
+registered with PUT /connectors/NAME/config, which creates or updates: idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from sync.config import CONNECTOR_NAME, ROOT, Settings
+from sync.errors import ServiceUnavailable, StackError
+from sync.stack import jvm
+from sync.stack.process import read_pid, require_free, spawn, stop_pid, wait_until
+
+CONNECTOR_TEMPLATE = ROOT / "connectors" / "postgres-source.json"
+
+
+def rest(settings: Settings, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Any:
+    """One call to the Connect REST API; JSON in, JSON out."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{settings.connect_url}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw = response.read()
+    except urllib.error.HTTPError as error:
+        detail = error.read().decode(errors="replace")
+        try:
+            detail = json.loads(detail).get("message", detail)
+        except ValueError:
+            pass
+        raise ServiceUnavailable(f"Kafka Connect {method} {path} answered {error.code}: {detail}") from None
+    except (urllib.error.URLError, OSError) as error:
+        raise ServiceUnavailable(f"Kafka Connect is unreachable at {settings.connect_url} ({error})") from None
+    return json.loads(raw) if raw else None
+
+
+def render_connector(settings: Settings) -> tuple[str, dict[str, str]]:
+    """The connector's name and config with placeholders filled and docs dropped."""
+    spec = json.loads(CONNECTOR_TEMPLATE.read_text())
+    values = {"pg_host": settings.pg_host, "pg_port": str(settings.pg_port),
+              "pg_database": settings.pg_database, "secrets_file": str(settings.secrets_file)}
+    config = {}
+    for key, entry in spec["config"].items():
+        value = entry["value"]
+        for name, filled in values.items():
+            value = value.replace("{{" + name + "}}", filled)
+        config[key] = value
+    return spec["name"], config
+
+
+def connector_status(settings: Settings) -> dict[str, Any]:
+    return rest(settings, "GET", f"/connectors/{CONNECTOR_NAME}/status")
+
+
+class Connect:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.dir = settings.home / "connect"
+        self.pidfile = settings.home / "run" / "connect.pid"
+        self.log = settings.logs / "connect.log"
+
+    def running(self) -> bool:
+        return read_pid(self.pidfile) is not None
+
+    def properties(self) -> str:
+        s = self.settings
+        return "\n".join([
+            f"bootstrap.servers={s.kafka_bootstrap}",
+            "group.id=lakesync-connect",
+            f"listeners=http://127.0.0.1:{s.connect_port}",
+            "rest.advertised.host.name=127.0.0.1",
+            f"rest.advertised.port={s.connect_port}",
+            # The worker's own state: compacted topics, one replica on one broker.
+            "config.storage.topic=lakesync-connect-configs",
+            "offset.storage.topic=lakesync-connect-offsets",
+            "status.storage.topic=lakesync-connect-status",
+            "config.storage.replication.factor=1",
+            "offset.storage.replication.factor=1",
+            "offset.storage.partitions=1",
+            "status.storage.replication.factor=1",
+            "status.storage.partitions=1",
+            # Change events as JSON with their schema: the runner needs column types.
+            "key.converter=org.apache.kafka.connect.json.JsonConverter",
+            "value.converter=org.apache.kafka.connect.json.JsonConverter",
+            "key.converter.schemas.enable=true",
+            "value.converter.schemas.enable=true",
+            # Committed source offsets are what `lakesync wait` reads; commit them often.
+            "offset.flush.interval.ms=1000",
+            f"plugin.path={s.jars / 'plugins'}",
+            "topic.creation.enable=true",
+            "config.providers=file",
+            "config.providers.file.class=org.apache.kafka.common.config.provider.FileConfigProvider",
+            "",
+        ])
+
+    def start(self) -> None:
+        if not self.running():
+            s = self.settings
+            require_free("127.0.0.1", s.connect_port, "Kafka Connect")
+            java = jvm.java()
+            cp = jvm.classpath(s.jars, "kafka")
+            if not (s.jars / "plugins" / "debezium-connector-postgres").is_dir():
+                raise StackError(f"the Debezium plugin is missing in {s.jars / 'plugins'}; run `make jars`")
+            self.dir.mkdir(parents=True, exist_ok=True)
+            config = self.dir / "connect-distributed.properties"
+            config.write_text(self.properties())
+            log4j = jvm.log4j_config(s.home)
+            spawn([java, "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                   f"-Dlog4j2.configurationFile={log4j}", "-cp", cp,
+                   "org.apache.kafka.connect.cli.ConnectDistributed", str(config)], self.pidfile, self.log)
+            wait_until(self._ready_or_dead, 120, "Kafka Connect", self.log)
+        self.register()
+
+    def _ready_or_dead(self) -> bool:
+        if not self.running():
+            raise StackError(f"Kafka Connect exited during start-up; see {self.log}")
+        try:
+            rest(self.settings, "GET", "/connector-plugins", timeout=3)
+            return True
+        except ServiceUnavailable:
+            return False
+
+    def register(self) -> None:
+        """PUT the rendered config (create or update), then wait for a RUNNING task."""
+        name, config = render_connector(self.settings)
+        rest(self.settings, "PUT", f"/connectors/{name}/config", config, timeout=60)
+        deadline = time.monotonic() + 90
+        state = "unknown"
+        while time.monotonic() < deadline:
+            try:
+                status = connector_status(self.settings)
+            except ServiceUnavailable:
+                time.sleep(0.5)
+                continue
+            tasks = status.get("tasks", [])
+            state = f"connector {status['connector']['state']}, tasks {[t['state'] for t in tasks]}"
+            failed = [t for t in tasks if t["state"] == "FAILED"]
+            if failed:
+                trace = (failed[0].get("trace") or "").splitlines()
+                raise StackError(f"Debezium task failed: {trace[0] if trace else 'no trace'}; see {self.log}")
+            running = status["connector"]["state"] == "RUNNING" and tasks and all(t["state"] == "RUNNING" for t in tasks)
+            # A RUNNING task may still be retrying a failed snapshot in place; it streams
+            # once it has committed a source offset.
+            if running and rest(self.settings, "GET", f"/connectors/{name}/offsets").get("offsets"):
+                return
+            time.sleep(0.5)
+        raise StackError(f"the Debezium connector is not streaming after 90s ({state}); "
+                         f"last error: {self.last_error()}; see {self.log}")
+
+    def last_error(self) -> str:
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return "none logged"
+        causes = [line for line in lines if line.startswith("Caused by:")]
+        return causes[-1][len("Caused by: "):][:300] if causes else "none logged"
+
+    def stop(self) -> None:
+        pid = read_pid(self.pidfile)
+        if pid:
+            stop_pid(pid)
+        self.pidfile.unlink(missing_ok=True)

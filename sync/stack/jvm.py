@@ -1,0 +1,61 @@
+"""Java for the Kafka broker and the Connect worker, and their jars from build/jvm/."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from sync.errors import StackError
+
+MIN_JAVA = 17  # Kafka 4 brokers and Connect workers, and Spark 4, need Java 17+
+
+LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c{1})%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = OUT
+logger.kafka.name = org.apache.kafka
+logger.kafka.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+logger.reflections.name = org.reflections
+logger.reflections.level = ERROR
+logger.debezium.name = io.debezium
+logger.debezium.level = INFO
+logger.worker.name = org.apache.kafka.connect.runtime.Worker
+logger.worker.level = INFO
+"""
+
+
+def java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    binary = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not binary or not Path(binary).exists():
+        raise StackError(f"Java {MIN_JAVA}+ is required and was not found (install openjdk-17-jre-headless "
+                         "or set JAVA_HOME)")
+    out = subprocess.run([binary, "-version"], capture_output=True, text=True).stderr
+    match = re.search(r'version "(\d+)', out)
+    if not match or int(match.group(1)) < MIN_JAVA:
+        raise StackError(f"Java {MIN_JAVA}+ is required; {binary} reports: {out.splitlines()[0] if out else '?'}")
+    return binary
+
+
+def classpath(jars: Path, group: str) -> str:
+    folder = jars / group
+    if not folder.is_dir() or not any(folder.glob("*.jar")):
+        raise StackError(f"the {group} jars are missing in {folder}; run `make jars` (needs Maven)")
+    return f"{folder}/*"
+
+
+def log4j_config(home: Path) -> Path:
+    path = home / "log4j2.properties"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != LOG4J2:
+        path.write_text(LOG4J2)
+    return path

@@ -1,0 +1,105 @@
+"""Apache Kafka in KRaft mode (one node acting as broker and controller), from Maven jars."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import uuid
+
+from confluent_kafka.admin import AdminClient
+
+from sync.config import Settings
+from sync.errors import StackError
+from sync.stack import jvm
+from sync.stack.process import read_pid, require_free, spawn, stop_pid, wait_until
+
+
+def kafka_ready(bootstrap: str, timeout: float = 2.0) -> bool:
+    try:
+        AdminClient({"bootstrap.servers": bootstrap, "log_level": 0,
+                     "logger": _silent}).list_topics(timeout=timeout)
+        return True
+    except Exception:  # any failure means "not yet": the caller reports the timeout
+        return False
+
+
+class _Silent:
+    def log(self, *args, **kwargs) -> None:
+        pass
+
+
+_silent = _Silent()
+
+
+class Kafka:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.dir = settings.home / "kafka"
+        self.pidfile = settings.home / "run" / "kafka.pid"
+        self.log = settings.logs / "kafka.log"
+
+    def running(self) -> bool:
+        return read_pid(self.pidfile) is not None
+
+    def properties(self) -> str:
+        s = self.settings
+        return "\n".join([
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.voters=1@127.0.0.1:{s.kafka_controller_port}",
+            f"listeners=PLAINTEXT://127.0.0.1:{s.kafka_port},CONTROLLER://127.0.0.1:{s.kafka_controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{s.kafka_port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"log.dirs={self.dir / 'data'}",
+            # One node: every internal topic has one replica.
+            "offsets.topic.replication.factor=1",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+            # Topics are created on purpose, with explicit settings (connectors/).
+            "auto.create.topics.enable=false",
+            "num.partitions=1",
+            "group.initial.rebalance.delay.ms=0",
+            # Compaction runs soon enough to be seen in tests and demos.
+            "log.cleaner.min.compaction.lag.ms=0",
+            "log.segment.bytes=67108864",
+            "",
+        ])
+
+    def start(self) -> None:
+        if self.running():
+            return
+        s = self.settings
+        require_free("127.0.0.1", s.kafka_port, "Kafka")
+        require_free("127.0.0.1", s.kafka_controller_port, "the Kafka controller")
+        java = jvm.java()
+        cp = jvm.classpath(s.jars, "kafka")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        config = self.dir / "server.properties"
+        config.write_text(self.properties())
+        log4j = jvm.log4j_config(s.home)
+        if not (self.dir / "data" / "meta.properties").exists():
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            result = subprocess.run([java, "-cp", cp, f"-Dlog4j2.configurationFile={log4j}",
+                                     "kafka.tools.StorageTool", "format", "-t", cluster_id,
+                                     "-c", str(config)], capture_output=True, text=True)
+            if result.returncode != 0:
+                raise StackError(f"formatting Kafka's log directory failed: {result.stdout}{result.stderr}")
+        spawn([java, "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+               f"-Dlog4j2.configurationFile={log4j}", "-cp", cp, "kafka.Kafka", str(config)],
+              self.pidfile, self.log)
+        wait_until(lambda: self._ready_or_dead(), 90, "Kafka", self.log)
+
+    def _ready_or_dead(self) -> bool:
+        if not self.running():
+            raise StackError(f"Kafka exited during start-up; see {self.log}")
+        return kafka_ready(self.settings.kafka_bootstrap)
+
+    def stop(self) -> None:
+        pid = read_pid(self.pidfile)
+        if pid:
+            stop_pid(pid)
+        self.pidfile.unlink(missing_ok=True)

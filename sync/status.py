@@ -1,0 +1,90 @@
+"""`lakesync status`: is each component healthy, and how far behind is each projection."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from projections import all_projections
+from sync import progress
+from sync.config import SLOT, Settings, safe_dsn
+from sync.errors import LakesyncError
+from sync.freshness import lags, pg_connect
+from sync.stack.connect import connector_status
+from sync.stack.kafka import kafka_ready
+from sync.stack.process import read_pid
+
+
+def _iso(ts: float | None) -> str | None:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat() if ts else None
+
+
+def collect(settings: Settings) -> dict[str, Any]:
+    components: dict[str, Any] = {}
+    slot_lag = None
+    try:
+        with pg_connect(settings) as conn:
+            row = conn.execute("SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint "
+                               "FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()
+            slot_lag = int(row[0]) if row and row[0] is not None else None
+        components["postgres"] = {"ok": True, "dsn": safe_dsn(settings.pg_dsn)}
+    except LakesyncError as error:
+        components["postgres"] = {"ok": False, "dsn": safe_dsn(settings.pg_dsn), "error": str(error)}
+
+    kafka_ok = kafka_ready(settings.kafka_bootstrap, timeout=3)
+    components["kafka"] = {"ok": kafka_ok, "bootstrap": settings.kafka_bootstrap}
+
+    try:
+        status = connector_status(settings)
+        tasks = [{"id": t["id"], "state": t["state"]} for t in status.get("tasks", [])]
+        ok = status["connector"]["state"] == "RUNNING" and bool(tasks) and all(t["state"] == "RUNNING" for t in tasks)
+        components["connect"] = {"ok": ok, "url": settings.connect_url, "connector": status["connector"]["state"],
+                                 "tasks": tasks}
+    except LakesyncError as error:
+        components["connect"] = {"ok": False, "url": settings.connect_url, "tasks": [], "error": str(error)}
+
+    pid = read_pid(settings.runner_pidfile)
+    components["runner"] = {"ok": pid is not None, "pid": pid}
+
+    behind: dict[str, dict[str, int]] = {}
+    if kafka_ok:
+        for lag in lags(settings):
+            for (topic, partition), high in lag.end.items():
+                per_topic = behind.setdefault(lag.projection, {})
+                per_topic[topic] = per_topic.get(topic, 0) + max(0, high - lag.processed.get((topic, partition), 0))
+
+    projections = []
+    for projection in all_projections():
+        state = progress.read(settings, projection.NAME)
+        for target in projection.targets(settings):
+            table_state = state.get("tables", {}).get(target.name.split(".", 1)[-1], {})
+            topic_lag = behind.get(projection.NAME, {})
+            projections.append({
+                "name": target.name, "kind": target.kind, "table": target.table,
+                "lag": projection.lag_of(target, topic_lag) if kafka_ok else None,
+                "last_batch_at": _iso(table_state.get("last_batch_at")),
+                "rows_applied": table_state.get("rows_applied", 0),
+                "dead_letters": 0,
+            })
+    return {"components": components, "slot_lag_bytes": slot_lag, "projections": projections}
+
+
+def healthy(report: dict[str, Any]) -> bool:
+    return all(c["ok"] for c in report["components"].values())
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = ["component  ok    detail"]
+    for name, c in report["components"].items():
+        detail = c.get("error") or c.get("dsn") or c.get("bootstrap") or (
+            f"connector {c.get('connector')}, tasks {[t['state'] for t in c.get('tasks', [])]}" if name == "connect"
+            else f"pid {c.get('pid')}")
+        lines.append(f"{name:<10} {'yes' if c['ok'] else 'NO':<5} {detail}")
+    lag = report["slot_lag_bytes"]
+    lines.append(f"replication slot lag: {lag if lag is not None else '?'} bytes")
+    lines.append("")
+    lines.append(f"{'projection':<28} {'kind':<8} {'lag':>6} {'rows applied':>13}  {'last batch (UTC)':<26} table")
+    for p in report["projections"]:
+        lines.append(f"{p['name']:<28} {p['kind']:<8} {str(p['lag']):>6} {p['rows_applied']:>13}  "
+                     f"{(p['last_batch_at'] or '-')[:26]:<26} {p['table']}")
+    return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""Debezium field schemas map to exact Delta types."""
+
+import pytest
+
+from sync.cdc.types import column_type, key_columns, merge_columns, table_columns
+
+
+def field(name, kind, semantic=None, source_type=None, length=None, scale=None, **extra):
+    f = {"field": name, "type": kind, "optional": True, **extra}
+    if semantic:
+        f["name"] = semantic
+    if source_type:
+        f["parameters"] = {"__debezium.source.column.type": source_type,
+                           "__debezium.source.column.length": str(length or 0),
+                           "__debezium.source.column.scale": str(scale or 0)}
+    return f
+
+
+def test_numeric_keeps_precision_and_scale():
+    c = column_type(field("price", "string", source_type="NUMERIC", length=12, scale=2))
+    assert (c.json_type, c.delta_type, c.convert) == ("string", "decimal(12,2)", "decimal")
+
+
+def test_numeric_spark_cannot_hold_stays_exact_text():
+    unconstrained = column_type(field("x", "string", source_type="NUMERIC", length=0))
+    too_wide = column_type(field("y", "string", source_type="NUMERIC", length=50, scale=4))
+    assert unconstrained.delta_type == "string" and too_wide.delta_type == "string"
+
+
+@pytest.mark.parametrize("semantic,kind,delta,convert", [
+    ("io.debezium.time.ZonedTimestamp", "string", "timestamp", "timestamptz"),
+    ("io.debezium.time.MicroTimestamp", "int64", "timestamp_ntz", "micros_ntz"),
+    ("io.debezium.time.Date", "int32", "date", "epoch_days"),
+    ("io.debezium.time.MicroTime", "int64", "string", "micros_time"),
+    ("io.debezium.data.Json", "string", "string", "none"),
+    ("io.debezium.data.Uuid", "string", "string", "none"),
+])
+def test_semantic_types(semantic, kind, delta, convert):
+    c = column_type(field("c", kind, semantic=semantic))
+    assert (c.delta_type, c.convert) == (delta, convert)
+
+
+def test_primitives_and_bytes():
+    assert column_type(field("b", "boolean")).delta_type == "boolean"
+    assert column_type(field("i", "int16")).delta_type == "smallint"
+    assert column_type(field("l", "int64")).delta_type == "bigint"
+    raw = column_type(field("r", "bytes"))
+    assert (raw.json_type, raw.delta_type, raw.convert) == ("string", "binary", "base64")
+
+
+def test_arrays_convert_their_elements():
+    c = column_type({"field": "due", "type": "array", "optional": True,
+                     "items": {"type": "int32", "name": "io.debezium.time.Date", "optional": True}})
+    assert c.delta_type == "array<date>" and c.json_type == "array<int>"
+    assert c.element.convert == "epoch_days"
+
+
+def test_unknown_type_is_refused():
+    with pytest.raises(ValueError, match="unsupported"):
+        column_type(field("m", "map"))
+
+
+def test_table_and_key_columns_from_envelope_schemas():
+    row = {"type": "struct", "fields": [field("id", "int64"), field("name", "string")]}
+    value_schema = {"fields": [{**row, "field": "before"}, {**row, "field": "after"}, {"field": "op"}]}
+    assert [c.name for c in table_columns(value_schema)] == ["id", "name"]
+    assert key_columns({"fields": [field("order_id", "int64"), field("line_no", "int32")]}) == ["order_id", "line_no"]
+
+
+def test_merge_columns_keeps_order_and_newest_definition():
+    old = [column_type(field("id", "int64")), column_type(field("n", "int32"))]
+    new = [column_type(field("id", "int64")), column_type(field("n", "int64")), column_type(field("added", "string"))]
+    merged = merge_columns(old, new)
+    assert [c.name for c in merged] == ["id", "n", "added"]
+    assert merged[1].delta_type == "bigint"
