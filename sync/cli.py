@@ -26,6 +26,10 @@ def _utc() -> None:
 def cmd_up(settings, args) -> int:
     from sync import stack
 
+    if args.external:
+        print("using your own Postgres, Kafka and Connect (addresses from the environment)")
+        stack.connect_external(settings)
+        return 0
     print(f"starting the embedded stack in {settings.home}")
     took = stack.up(settings)
     print(f"stack is up in {took:.1f}s: postgres {config.safe_dsn(settings.pg_dsn)}, "
@@ -90,7 +94,11 @@ def cmd_demo(settings, args) -> int:
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="lakesync", description="Postgres -> Debezium -> Kafka -> Spark -> Delta")
     sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    sub.add_parser("up", help="start the embedded stack (idempotent)").set_defaults(func=cmd_up)
+    up = sub.add_parser("up", help="start the embedded stack (idempotent)")
+    up.add_argument("--external", action="store_true",
+                    help="start nothing: run the migrations and register the connector on the "
+                         "services the environment points at")
+    up.set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop the embedded stack and the runner (idempotent)").set_defaults(func=cmd_down)
     run = sub.add_parser("run", help="run every projection")
     run.add_argument("--once", action="store_true", help="process what is in Kafka now, then exit")

@@ -53,6 +53,10 @@ class Settings:
     trigger_seconds: float
     shuffle_partitions: int
     max_offsets_per_trigger: int
+    # Where the Connect worker reaches Postgres and the secrets file: the same as ours on
+    # the embedded stack, but another host/path when Connect runs in a container.
+    connect_pg_address: str
+    connect_secrets_path: str
     secrets_file: Path = field(init=False)
     pgpass_file: Path = field(init=False)
 
@@ -84,6 +88,18 @@ class Settings:
     @property
     def connect_port(self) -> int:
         return _port(self.connect_url, 8083)
+
+    @property
+    def connect_pg_host(self) -> str:
+        return self.connect_pg_address.split(":")[0] if self.connect_pg_address else self.pg_host
+
+    @property
+    def connect_pg_port(self) -> int:
+        return int(self.connect_pg_address.split(":")[1]) if ":" in self.connect_pg_address else self.pg_port
+
+    @property
+    def connect_secrets_file(self) -> str:
+        return self.connect_secrets_path or str(self.secrets_file)
 
     # -- where the runner keeps its state --
     @property
@@ -117,6 +133,8 @@ def load() -> Settings:
         trigger_seconds=float(_env("LAKESYNC_TRIGGER_SECONDS", "1")),
         shuffle_partitions=int(_env("LAKESYNC_SHUFFLE_PARTITIONS", "4")),
         max_offsets_per_trigger=int(_env("LAKESYNC_MAX_OFFSETS_PER_TRIGGER", "500000")),
+        connect_pg_address=_env("LAKESYNC_CONNECT_PG_ADDRESS", ""),
+        connect_secrets_path=_env("LAKESYNC_CONNECT_SECRETS_FILE", ""),
     )
     # Passwords never sit in a DSN: libpq reads them from this file (user-set wins).
     os.environ.setdefault("PGPASSFILE", str(settings.pgpass_file))

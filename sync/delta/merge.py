@@ -64,7 +64,8 @@ def merge_changes(target: DeltaTable, changes: DataFrame, keys: list[str],
         merge = merge.whenNotMatchedBySourceDelete(
             condition=f"NOT {newer_than_literal(truncated_at, side='t')}")
     metrics = merge.execute()
-    return metrics.first().asDict() if metrics is not None else {}
+    row = metrics.first() if metrics is not None else None  # no row: skipped as already applied
+    return row.asDict() if row is not None else {}
 
 
 def newer_than_literal(position, side: str = "") -> str:

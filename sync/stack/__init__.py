@@ -53,6 +53,15 @@ def up(settings: Settings, say: Callable[[str], None] = print) -> float:
     return time.monotonic() - started
 
 
+def connect_external(settings: Settings, say: Callable[[str], None] = print) -> None:
+    """For services the team runs itself: role passwords, migrations, the connector."""
+    ensure_secrets(settings)
+    for name, step in (("migrations", lambda: migrate.upgrade(settings)),
+                       ("connector", Connect(settings).register)):
+        step()
+        say(f"  {name:<20} done")
+
+
 def down(settings: Settings, say: Callable[[str], None] = print) -> None:
     runner = read_pid(settings.runner_pidfile)
     if runner:

@@ -44,8 +44,8 @@ def rest(settings: Settings, method: str, path: str, body: Any = None, timeout: 
 def render_connector(settings: Settings) -> tuple[str, dict[str, str]]:
     """The connector's name and config with placeholders filled and docs dropped."""
     spec = json.loads(CONNECTOR_TEMPLATE.read_text())
-    values = {"pg_host": settings.pg_host, "pg_port": str(settings.pg_port),
-              "pg_database": settings.pg_database, "secrets_file": str(settings.secrets_file)}
+    values = {"pg_host": settings.connect_pg_host, "pg_port": str(settings.connect_pg_port),
+              "pg_database": settings.pg_database, "secrets_file": str(settings.connect_secrets_file)}
     config = {}
     for key, entry in spec["config"].items():
         value = entry["value"]

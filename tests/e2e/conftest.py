@@ -1,0 +1,71 @@
+"""One embedded stack and one runner for the whole end-to-end session.
+
+The stack is started from scratch with the real command (`lakesync up`); if it cannot
+start, every end-to-end test errors with the reason: nothing is skipped.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from sync import config
+from sync.runner import start_background
+from sync.verify import verify
+
+
+def lakesync(*args, timeout=600, env=None, check=False):
+    """Run the real command line; returns the CompletedProcess (text)."""
+    result = subprocess.run([sys.executable, "-m", "sync", *args], capture_output=True, text=True,
+                            timeout=timeout, env={**os.environ, **(env or {})})
+    if check and result.returncode != 0:
+        raise AssertionError(f"lakesync {' '.join(args)} exited {result.returncode}:\n"
+                             f"{result.stdout}\n{result.stderr}")
+    return result
+
+
+@pytest.fixture(scope="session")
+def stack():
+    settings = config.load()
+    lakesync("down")
+    shutil.rmtree(settings.home, ignore_errors=True)
+    lakesync("up", check=True)
+    start_background(settings)
+    yield settings
+    lakesync("down", check=True)
+
+
+@pytest.fixture
+def db(stack):
+    """An autocommit connection as the database owner (tests create their own tables)."""
+    with psycopg.connect(stack.pg_dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def app_db(stack):
+    """An autocommit connection as the application role."""
+    with psycopg.connect(config.role_dsn(stack, config.ROLES["app"]), autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def synced(stack, spark):
+    """Call after writing: the freshness barrier, then verify against Postgres.
+
+    Returns the verify reports of the named mirrors (all mirrors if none are named)
+    and asserts that none differs.
+    """
+    def check(*tables):
+        lakesync("wait", "--timeout", "300", check=True)
+        names = {f"mirror.{t}" for t in tables} or None
+        reports = verify(stack, spark=spark, only=names)
+        assert reports, "verify compared nothing"
+        bad = [r.as_json() for r in reports if r.differences]
+        assert not bad, json.dumps(bad, indent=2, default=str)
+        return {r.name: r for r in reports}
+    return check

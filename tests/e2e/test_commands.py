@@ -1,0 +1,61 @@
+"""The command line on the running stack, and its answers to bad input."""
+
+import json
+import socket
+
+import pytest
+
+from tests.e2e.conftest import lakesync
+
+pytestmark = pytest.mark.e2e
+
+
+def test_up_is_idempotent_and_reuses_what_runs(stack):
+    result = lakesync("up", check=True)
+    assert "ready (0.0s)" in result.stdout.splitlines()[1]  # postgres was already running
+
+
+def test_status_json_has_the_contract_keys(stack, app_db, synced):
+    app_db.execute("INSERT INTO customers (id, name) VALUES (5000, 'status') ON CONFLICT DO NOTHING")
+    synced("customers")
+    result = lakesync("status", "--json", check=True)
+    report = json.loads(result.stdout)
+    assert set(report) >= {"components", "slot_lag_bytes", "projections"}
+    components = report["components"]
+    assert components["postgres"]["ok"] and "@" in components["postgres"]["dsn"]
+    assert ":" not in components["postgres"]["dsn"].split("//", 1)[1].split("@")[0]  # no password
+    assert components["kafka"]["ok"] and components["runner"]["ok"]
+    assert components["connect"]["ok"] and components["connect"]["tasks"][0]["state"] == "RUNNING"
+    assert isinstance(report["slot_lag_bytes"], int)
+    customers = next(p for p in report["projections"] if p["name"] == "mirror.customers")
+    assert set(customers) >= {"name", "kind", "table", "lag", "last_batch_at", "rows_applied", "dead_letters"}
+    assert customers["kind"] == "mirror" and customers["lag"] == 0 and customers["rows_applied"] > 0
+    assert customers["table"].endswith("/mirrors/customers")
+
+
+def test_unknown_command_is_a_clear_error():
+    result = lakesync("frobnicate")
+    assert result.returncode == 2 and "invalid choice" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("variable,value,expected", [
+    ("LAKESYNC_CONNECT_URL", "http://127.0.0.1:1", "Kafka Connect is unreachable"),
+    ("LAKESYNC_PG_DSN", "postgresql://lakesync_admin@127.0.0.1:1/lakesync", "Postgres is unreachable"),
+])
+def test_unreachable_services_give_one_line(stack, variable, value, expected):
+    result = lakesync("wait", "--timeout", "5", env={variable: value})
+    assert result.returncode != 0
+    assert expected in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_port_in_use_is_named(tmp_path):
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        result = lakesync("up", env={"LAKESYNC_HOME": str(tmp_path / "home"),
+                                     "LAKESYNC_PG_DSN": f"postgresql://lakesync_admin@127.0.0.1:{port}/lakesync"})
+    assert result.returncode != 0
+    assert f"port {port}" in result.stderr and "already in use" in result.stderr
+    assert "Traceback" not in result.stderr
