@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from projections import Target
-from sync.cdc.decode import PROVENANCE, decode_changes
+from sync.cdc.decode import decode_changes
 from sync.cdc.ordering import parse_sequence
 from sync.cdc.types import ColumnType, key_columns, table_columns
 from sync.config import CAPTURED_SCHEMA, TOPIC_PREFIX, Settings
@@ -140,7 +140,6 @@ class MirrorBatch:
         if not keys:
             raise ValueError(f"table {table['name']} has no primary key; mirrors need one")
         changes = decode_changes(records.where(F.col("topic") == table["topic"]), columns)
-        changes = changes.select(*[c.name for c in columns], *PROVENANCE)
         metrics = {}
 
         def write() -> None:

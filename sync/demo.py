@@ -28,8 +28,8 @@ def app_connect(settings: Settings) -> psycopg.Connection:
 
 def seed(conn: psycopg.Connection, rng: random.Random, customers: int = 200, products: int = 50,
          orders: int = 300) -> None:
-    if conn.execute("SELECT count(*) FROM customers").fetchone()[0]:
-        return
+    if conn.execute("SELECT 1 FROM customers WHERE id = 1").fetchone():
+        return  # seeded before
     with conn.transaction():
         conn.cursor().executemany(
             "INSERT INTO customers (id, name, email, tier, bio) VALUES (%s, %s, %s, %s, %s)",
@@ -46,32 +46,34 @@ def seed(conn: psycopg.Connection, rng: random.Random, customers: int = 200, pro
 
 
 def place_order(conn: psycopg.Connection, rng: random.Random, order_id: int, customer_id: int,
-                products: int) -> None:
-    """One multi-table transaction: an order and its lines."""
+                products: int | list[int]) -> None:
+    """One multi-table transaction: an order and its lines (products: ids, or 1..n)."""
+    choices = products if isinstance(products, list) else range(1, products + 1)
     with conn.transaction():
         conn.execute("INSERT INTO orders (id, customer_id, status) VALUES (%s, %s, 'placed')", (order_id, customer_id))
         conn.cursor().executemany(
             "INSERT INTO order_items (order_id, line_no, product_id, qty, unit_price) "
             "SELECT %s, %s, id, %s, price FROM products WHERE id = %s",
-            [(order_id, line, rng.randint(1, 5), rng.randint(1, products)) for line in range(1, rng.randint(2, 5))])
+            [(order_id, line, rng.randint(1, 5), rng.choice(choices)) for line in range(1, rng.randint(2, 5))])
 
 
 def workload(conn: psycopg.Connection, rng: random.Random, operations: int = 500) -> int:
     """Mixed inserts, updates and deletes across the demo tables; returns operations done."""
     (max_order,) = conn.execute("SELECT coalesce(max(id), 0) FROM orders").fetchone()
-    (customers,) = conn.execute("SELECT count(*) FROM customers").fetchone()
-    (products,) = conn.execute("SELECT count(*) FROM products").fetchone()
+    customers = [r[0] for r in conn.execute("SELECT id FROM customers ORDER BY id")]
+    products = [r[0] for r in conn.execute("SELECT id FROM products ORDER BY id")]
+    accounts = [r[0] for r in conn.execute("SELECT id FROM accounts ORDER BY id")] or [0]
     for _ in range(operations):
         action = rng.random()
         with conn.transaction():
             if action < 0.25:
                 conn.execute("UPDATE customers SET tier = %s, updated_at = now() WHERE id = %s",
-                             (rng.choice(TIERS), rng.randint(1, customers)))
+                             (rng.choice(TIERS), rng.choice(customers)))
             elif action < 0.40:
-                conn.execute("UPDATE products SET price = %s WHERE id = %s", (_price(rng), rng.randint(1, products)))
+                conn.execute("UPDATE products SET price = %s WHERE id = %s", (_price(rng), rng.choice(products)))
             elif action < 0.60:
                 max_order += 1
-                place_order(conn, rng, max_order, rng.randint(1, customers), products)
+                place_order(conn, rng, max_order, rng.choice(customers), products)
             elif action < 0.80:
                 conn.execute("UPDATE orders SET status = %s, updated_at = now() WHERE id = %s",
                              (rng.choice(STATUSES), rng.randint(1, max_order)))
@@ -79,7 +81,7 @@ def workload(conn: psycopg.Connection, rng: random.Random, operations: int = 500
                 conn.execute("DELETE FROM orders WHERE id = %s", (rng.randint(1, max_order),))
             else:
                 conn.execute("UPDATE accounts SET balance = balance + %s WHERE id = %s",
-                             (Decimal(rng.randint(-5000, 5000)) / 100, rng.randint(1, customers)))
+                             (Decimal(rng.randint(-5000, 5000)) / 100, rng.choice(accounts)))
     return operations
 
 

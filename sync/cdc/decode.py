@@ -4,9 +4,16 @@ One row per Kafka record in, one row per change out: the table's columns convert
 exactly (sync/cdc/types.py), plus the provenance columns every projection row carries
 (DESIGN.md section 4). Tombstones (null values, written after deletes for compaction)
 carry no change and are left out here.
+
+Unchanged TOASTed values: when an update leaves a large (TOASTed) value untouched,
+Postgres does not log it and Debezium sends a placeholder instead. Such a value is
+decoded as null and its column is named in `_unchanged`, so the merge keeps what the
+target already holds; the placeholder itself is never stored.
 """
 
 from __future__ import annotations
+
+import base64
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -18,6 +25,17 @@ SOURCE_STRUCT = ("struct<sequence: string, lsn: bigint, txId: bigint, ts_us: big
                  "snapshot: string, schema: string, table: string>")
 
 PROVENANCE = ["_commit_lsn", "_lsn", "_txid", "_source_ts", "_op", "_topic", "_partition", "_offset"]
+UNCHANGED = "_unchanged"  # array<string>: columns whose value this change did not carry
+UNAVAILABLE = "__debezium_unavailable_value"  # Debezium's default unavailable.value.placeholder
+
+
+def placeholder(column: ColumnType) -> str | None:
+    """How an unavailable value of this column appears in the JSON, if it can."""
+    if column.json_type != "string":
+        return None
+    if column.convert == "base64":
+        return base64.b64encode(UNAVAILABLE.encode()).decode()
+    return UNAVAILABLE
 
 
 def convert(value: Column, column: ColumnType) -> Column:
@@ -66,8 +84,17 @@ def decode_changes(records: DataFrame, columns: list[ColumnType]) -> DataFrame:
                       "topic", "partition", "offset"))
     image = F.coalesce(F.col("e.payload.after"), F.col("e.payload.before"))
     commit_lsn, lsn = position_columns(F.col("e.payload.source.sequence"))
+    values, unavailable = [], []
+    for c in columns:
+        raw, missing = image[c.name], placeholder(c)
+        if missing is None:
+            values.append(convert(raw, c).alias(c.name))
+        else:
+            values.append(F.when(raw == missing, None).otherwise(convert(raw, c)).alias(c.name))
+            unavailable.append(F.when(raw == missing, F.lit(c.name)))
+    unchanged = F.array_compact(F.array(*unavailable)) if unavailable else F.array().cast("array<string>")
     return parsed.select(
-        *[convert(image[c.name], c).alias(c.name) for c in columns],
+        *values,
         commit_lsn.alias("_commit_lsn"),
         lsn.alias("_lsn"),
         F.col("e.payload.source.txId").alias("_txid"),
@@ -76,4 +103,5 @@ def decode_changes(records: DataFrame, columns: list[ColumnType]) -> DataFrame:
         F.col("topic").alias("_topic"),
         F.col("partition").alias("_partition"),
         F.col("offset").alias("_offset"),
+        unchanged.alias(UNCHANGED),
     )

@@ -1,6 +1,8 @@
 """Apply a batch of changes to a keyed Delta table: latest per key, only if newer.
 
-1. Within the batch, keep the latest change per key by source position.
+1. Within the batch, keep the latest change per key by source position; a column the
+   latest change did not carry (an unchanged TOASTed value) takes its value from the
+   latest earlier change in the batch that did, else keeps the target's.
 2. A truncate in the batch removes every target row older than it, and every change
    older than it in the batch.
 3. MERGE on the key: a newer delete deletes, a newer upsert updates, an unseen key is
@@ -14,6 +16,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from sync.cdc.decode import PROVENANCE, UNCHANGED
 from sync.cdc.ordering import newer_than
 
 TABLE_PROPERTIES = {
@@ -27,17 +30,35 @@ TABLE_PROPERTIES = {
 def latest_per_key(changes: DataFrame, keys: list[str]) -> DataFrame:
     """One change per key: the one with the highest (commit LSN, change LSN, offset)."""
     order = F.struct("_commit_lsn", "_lsn", "_offset")
-    others = [c for c in changes.columns if c not in keys]
-    latest = changes.groupBy(*keys).agg(F.max_by(F.struct(*others), order).alias("_latest"))
-    return latest.select(*keys, *[F.col(f"_latest.{c}").alias(c) for c in others])
+    data = [c for c in changes.columns if c not in keys and c not in PROVENANCE and c != UNCHANGED]
+    aggregates = [F.max_by(F.struct(*PROVENANCE), order).alias("_latest")]
+    for column in data:
+        # max_by skips rows whose ordering is null: only changes that carried the value.
+        carried = (F.col("_op") != "d") & ~F.array_contains(F.col(UNCHANGED), column)
+        aggregates.append(F.max_by(F.col(f"`{column}`"), F.when(carried, order)).alias(column))
+        aggregates.append(F.max(F.when(carried, F.lit(True))).alias(f"_carried_{column}"))
+    unchanged = F.array_compact(F.array(*[F.when(F.col(f"_carried_{c}").isNull(), F.lit(c)) for c in data]))
+    latest = changes.groupBy(*keys).agg(*aggregates)
+    return latest.select(*keys, *data, *[F.col(f"_latest.{c}").alias(c) for c in PROVENANCE],
+                         unchanged.alias(UNCHANGED))
 
 
 def ensure_table(spark: SparkSession, path: str, schema_ddl: str,
                  properties: dict[str, str] | None = None) -> DeltaTable:
+    """The Delta table at `path`, created with this schema, or given the columns it lacks
+    (a column added in Postgres arrives with the first change that carries it)."""
+    wanted = spark.createDataFrame([], schema_ddl).schema.fields
     if DeltaTable.isDeltaTable(spark, path):
-        return DeltaTable.forPath(spark, path)
+        table = DeltaTable.forPath(spark, path)
+        present = set(table.toDF().columns)
+        missing = [f for f in wanted if f.name not in present]
+        if missing:
+            added = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+            spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({added})")
+            table = DeltaTable.forPath(spark, path)
+        return table
     builder = DeltaTable.createIfNotExists(spark).location(path)
-    for field in spark.createDataFrame([], schema_ddl).schema.fields:
+    for field in wanted:
         builder = builder.addColumn(field.name, field.dataType, nullable=True)
     for key, value in {**TABLE_PROPERTIES, **(properties or {})}.items():
         builder = builder.property(key, value)
@@ -55,11 +76,14 @@ def merge_changes(target: DeltaTable, changes: DataFrame, keys: list[str],
     latest = latest_per_key(rows, keys).withColumn("_applied_at", F.current_timestamp())
     on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
     newer = newer_than("s", "t")
+    written = [c for c in latest.columns if c != UNCHANGED]
+    data = set(written) - set(keys) - set(PROVENANCE) - {"_applied_at"}
+    update = {f"`{c}`": (f"CASE WHEN array_contains(s.{UNCHANGED}, '{c}') THEN t.`{c}` ELSE s.`{c}` END"
+                         if c in data else f"s.`{c}`") for c in written}
     merge = (target.alias("t").merge(latest.alias("s"), on)
-             .withSchemaEvolution()
              .whenMatchedDelete(condition=f"s._op = 'd' AND {newer}")
-             .whenMatchedUpdateAll(condition=f"s._op != 'd' AND {newer}")
-             .whenNotMatchedInsertAll(condition="s._op != 'd'"))
+             .whenMatchedUpdate(condition=f"s._op != 'd' AND {newer}", set=update)
+             .whenNotMatchedInsert(condition="s._op != 'd'", values={f"`{c}`": f"s.`{c}`" for c in written}))
     if truncated_at is not None:
         merge = merge.whenNotMatchedBySourceDelete(
             condition=f"NOT {newer_than_literal(truncated_at, side='t')}")

@@ -121,3 +121,18 @@ def test_tombstones_are_ignored(spark, settings):
     key, _ = event("c", 1, 10, 11, "a")
     apply(batch(spark, [event("c", 1, 10, 11, "a"), (key, None)]), 0)
     assert mirror(spark, settings)[1]["name"] == "a"
+
+
+def test_unchanged_toasted_value_keeps_what_the_target_holds(spark, settings):
+    """Debezium sends a placeholder for a TOASTed value an update did not touch."""
+    apply = mirrors.MirrorBatch(settings)
+    unavailable = "__debezium_unavailable_value"
+    apply(batch(spark, [event("c", 1, 10, 11, "long text", "1.00")]), 0)
+    apply(batch(spark, [event("u", 1, 20, 21, unavailable, "2.00")], 1), 1)
+    # Within one batch: the insert carries the value, the later update does not.
+    apply(batch(spark, [event("c", 2, 30, 31, "inserted text", "1.00"),
+                        event("u", 2, 30, 32, unavailable, "3.00")], 2), 2)
+    rows = mirror(spark, settings)
+    assert rows[1]["name"] == "long text" and rows[1]["price"] == Decimal("2.00")
+    assert rows[2]["name"] == "inserted text" and rows[2]["price"] == Decimal("3.00")
+    assert unavailable not in {r["name"] for r in rows.values()}
