@@ -120,8 +120,9 @@ class MirrorBatch:
         is_truncate = F.get_json_object(value, "$.payload.op") == "t"
         rows = (records.groupBy("topic").agg(
             F.max_by(F.get_json_object(value, "$.schema"), "offset").alias("value_schema"),
+            # A truncate's key is its topic (connectors/: KeyTruncateEvents), not the table's key.
             F.max_by(F.get_json_object(key, "$.schema"),
-                     F.when(F.col("key").isNotNull(), F.col("offset"))).alias("key_schema"),
+                     F.when(F.col("key").isNotNull() & ~is_truncate, F.col("offset"))).alias("key_schema"),
             F.max_by(F.get_json_object(value, "$.payload.source.sequence"),
                      F.when(is_truncate, F.col("offset"))).alias("truncate_sequence"),
         ).collect())

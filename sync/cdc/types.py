@@ -22,15 +22,16 @@ from typing import Any
 
 SPARK_MAX_PRECISION = 38
 
-# Connect primitive type -> Spark SQL type, where the value needs no conversion.
+# Connect primitive type, as Kafka's JsonConverter names it in a schema -> Spark SQL type,
+# where the value needs no conversion (JsonConverter writes FLOAT32/FLOAT64 as float/double).
 PRIMITIVES = {
     "boolean": "boolean",
     "int8": "tinyint",
     "int16": "smallint",
     "int32": "int",
     "int64": "bigint",
-    "float32": "float",
-    "float64": "double",
+    "float": "float",
+    "double": "double",
     "string": "string",
     "bytes": "string",  # base64 in JSON; converted below
 }
@@ -83,8 +84,8 @@ def column_type(field: dict[str, Any]) -> ColumnType:
         element = column_type({**field["items"], "field": "element"})
         return ColumnType(name, f"array<{element.json_type}>", f"array<{element.delta_type}>",
                           "array", nullable, element)
-    if kind == "struct":
-        # Geometries and other structured types: kept as their JSON text, not guessed at.
+    if kind in ("struct", "map"):
+        # Geometries, maps and other structured values: kept as their JSON text, not guessed at.
         return ColumnType(name, "string", "string", "none", nullable)
     if semantic == "io.debezium.data.VariableScaleDecimal" or (
             kind == "string" and source_type in NUMERIC_SOURCE_TYPES):

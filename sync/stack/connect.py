@@ -16,7 +16,7 @@ from typing import Any
 from sync.config import CONNECTOR_NAME, ROOT, Settings
 from sync.errors import ServiceUnavailable, StackError
 from sync.stack import jvm
-from sync.stack.process import read_pid, require_free, spawn, stop_pid, wait_until
+from sync.stack.process import require_free, wait_until
 
 CONNECTOR_TEMPLATE = ROOT / "connectors" / "postgres-source.json"
 
@@ -59,15 +59,9 @@ def connector_status(settings: Settings) -> dict[str, Any]:
     return rest(settings, "GET", f"/connectors/{CONNECTOR_NAME}/status")
 
 
-class Connect:
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.dir = settings.home / "connect"
-        self.pidfile = settings.home / "run" / "connect.pid"
-        self.log = settings.logs / "connect.log"
-
-    def running(self) -> bool:
-        return read_pid(self.pidfile) is not None
+class Connect(jvm.JavaService):
+    name = "connect"
+    heap = "-Xmx1g"
 
     def properties(self) -> str:
         s = self.settings
@@ -105,22 +99,16 @@ class Connect:
             s = self.settings
             require_free("127.0.0.1", s.connect_port, "Kafka Connect")
             java = jvm.java()
-            cp = jvm.classpath(s.jars, "kafka")
             if not (s.jars / "plugins" / "debezium-connector-postgres").is_dir():
                 raise StackError(f"the Debezium plugin is missing in {s.jars / 'plugins'}; run `make jars`")
             self.dir.mkdir(parents=True, exist_ok=True)
             config = self.dir / "connect-distributed.properties"
             config.write_text(self.properties())
-            log4j = jvm.log4j_config(s.home)
-            spawn([java, "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-                   f"-Dlog4j2.configurationFile={log4j}", "-cp", cp,
-                   "org.apache.kafka.connect.cli.ConnectDistributed", str(config)], self.pidfile, self.log)
-            wait_until(self._ready_or_dead, 120, "Kafka Connect", self.log)
+            self.launch(java, "org.apache.kafka.connect.cli.ConnectDistributed", config)
+            wait_until(lambda: self.alive() or self._answers(), 120, "Kafka Connect", self.log)
         self.register()
 
-    def _ready_or_dead(self) -> bool:
-        if not self.running():
-            raise StackError(f"Kafka Connect exited during start-up; see {self.log}")
+    def _answers(self) -> bool:
         try:
             rest(self.settings, "GET", "/connector-plugins", timeout=3)
             return True
@@ -161,9 +149,3 @@ class Connect:
             return "none logged"
         causes = [line for line in lines if line.startswith("Caused by:")]
         return causes[-1][len("Caused by: "):][:300] if causes else "none logged"
-
-    def stop(self) -> None:
-        pid = read_pid(self.pidfile)
-        if pid:
-            stop_pid(pid)
-        self.pidfile.unlink(missing_ok=True)

@@ -8,7 +8,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from sync.config import Settings
 from sync.errors import StackError
+from sync.stack.process import read_pid, spawn, stop_pid
 
 MIN_JAVA = 17  # Kafka 4 brokers and Connect workers, and Spark 4, need Java 17+
 
@@ -59,3 +61,35 @@ def log4j_config(home: Path) -> Path:
     if not path.exists() or path.read_text() != LOG4J2:
         path.write_text(LOG4J2)
     return path
+
+
+class JavaService:
+    """A JVM process of the embedded stack: its folder, pid file, log, start and stop."""
+
+    name = ""
+    heap = "-Xmx512m"
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.dir = settings.home / self.name
+        self.pidfile = settings.home / "run" / f"{self.name}.pid"
+        self.log = settings.logs / f"{self.name}.log"
+
+    def running(self) -> bool:
+        return read_pid(self.pidfile) is not None
+
+    def launch(self, java_binary: str, main_class: str, config: Path) -> None:
+        spawn([java_binary, "-Xms256m", self.heap, "-XX:+UseG1GC", "-Djava.awt.headless=true",
+               f"-Dlog4j2.configurationFile={log4j_config(self.settings.home)}",
+               "-cp", classpath(self.settings.jars, "kafka"), main_class, str(config)], self.pidfile, self.log)
+
+    def alive(self) -> None:
+        """Raise at once if the process died while we wait for it to become ready."""
+        if not self.running():
+            raise StackError(f"{self.name} exited during start-up; see {self.log}")
+
+    def stop(self) -> None:
+        pid = read_pid(self.pidfile)
+        if pid:
+            stop_pid(pid)
+        self.pidfile.unlink(missing_ok=True)

@@ -8,10 +8,9 @@ import uuid
 
 from confluent_kafka.admin import AdminClient
 
-from sync.config import Settings
 from sync.errors import StackError
 from sync.stack import jvm
-from sync.stack.process import read_pid, require_free, spawn, stop_pid, wait_until
+from sync.stack.process import require_free, wait_until
 
 
 def kafka_ready(bootstrap: str, timeout: float = 2.0) -> bool:
@@ -31,15 +30,9 @@ class _Silent:
 _silent = _Silent()
 
 
-class Kafka:
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.dir = settings.home / "kafka"
-        self.pidfile = settings.home / "run" / "kafka.pid"
-        self.log = settings.logs / "kafka.log"
-
-    def running(self) -> bool:
-        return read_pid(self.pidfile) is not None
+class Kafka(jvm.JavaService):
+    name = "kafka"
+    heap = "-Xmx768m"
 
     def properties(self) -> str:
         s = self.settings
@@ -88,18 +81,5 @@ class Kafka:
                                      "-c", str(config)], capture_output=True, text=True)
             if result.returncode != 0:
                 raise StackError(f"formatting Kafka's log directory failed: {result.stdout}{result.stderr}")
-        spawn([java, "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-               f"-Dlog4j2.configurationFile={log4j}", "-cp", cp, "kafka.Kafka", str(config)],
-              self.pidfile, self.log)
-        wait_until(lambda: self._ready_or_dead(), 90, "Kafka", self.log)
-
-    def _ready_or_dead(self) -> bool:
-        if not self.running():
-            raise StackError(f"Kafka exited during start-up; see {self.log}")
-        return kafka_ready(self.settings.kafka_bootstrap)
-
-    def stop(self) -> None:
-        pid = read_pid(self.pidfile)
-        if pid:
-            stop_pid(pid)
-        self.pidfile.unlink(missing_ok=True)
+        self.launch(java, "kafka.Kafka", config)
+        wait_until(lambda: self.alive() or kafka_ready(s.kafka_bootstrap), 90, "Kafka", self.log)

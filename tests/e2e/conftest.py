@@ -61,7 +61,7 @@ def synced(stack, spark):
     and asserts that none differs.
     """
     def check(*tables):
-        lakesync("wait", "--timeout", "300", check=True)
+        lakesync("wait", "--timeout", "120", check=True)
         names = {f"mirror.{t}" for t in tables} or None
         reports = verify(stack, spark=spark, only=names)
         assert reports, "verify compared nothing"

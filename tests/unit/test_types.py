@@ -44,6 +44,8 @@ def test_primitives_and_bytes():
     assert column_type(field("b", "boolean")).delta_type == "boolean"
     assert column_type(field("i", "int16")).delta_type == "smallint"
     assert column_type(field("l", "int64")).delta_type == "bigint"
+    assert column_type(field("f", "float")).delta_type == "float"
+    assert column_type(field("d", "double")).delta_type == "double"
     raw = column_type(field("r", "bytes"))
     assert (raw.json_type, raw.delta_type, raw.convert) == ("string", "binary", "base64")
 
@@ -57,7 +59,7 @@ def test_arrays_convert_their_elements():
 
 def test_unknown_type_is_refused():
     with pytest.raises(ValueError, match="unsupported"):
-        column_type(field("m", "map"))
+        column_type(field("m", "float64"))
 
 
 def test_table_and_key_columns_from_envelope_schemas():
