@@ -17,6 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -135,11 +136,15 @@ class MirrorBatch:
         path = str(mirror_path(self.settings, table["name"]))
         columns: list[ColumnType] = table["columns"]
         ddl = ", ".join([c.ddl() for c in columns] + [PROVENANCE_DDL])
-        target_table = ensure_table(spark, path, ddl, {KEYS_PROPERTY: ",".join(table["keys"] or [])})
-        keys = table["keys"] or [k for k in target_table.detail().first()["properties"]
-                                 .get(KEYS_PROPERTY, "").split(",") if k]
+        keys = table["keys"]
+        if keys is None:  # only truncates in this batch: the key is the one the mirror recorded
+            if not DeltaTable.isDeltaTable(spark, path):
+                return 0  # a table we never mirrored was truncated: nothing to remove
+            keys = [k for k in DeltaTable.forPath(spark, path).detail().first()["properties"]
+                    .get(KEYS_PROPERTY, "").split(",") if k]
         if not keys:
             raise ValueError(f"table {table['name']} has no primary key; mirrors need one")
+        target_table = ensure_table(spark, path, ddl, {KEYS_PROPERTY: ",".join(keys)})
         changes = decode_changes(records.where(F.col("topic") == table["topic"]), columns)
         metrics = {}
 

@@ -17,6 +17,7 @@ The barrier's steps, in order:
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,8 +75,6 @@ def connector_lsn(settings: Settings) -> int:
 
 
 def end_offsets(settings: Settings, pattern: str) -> Offsets:
-    import re
-
     regex = re.compile(pattern)
     try:
         metadata = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(timeout=10)

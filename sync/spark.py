@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 from sync.config import Settings
@@ -37,7 +38,7 @@ def session(settings: Settings, app_name: str = "lakesync"):
     """A Spark session for the runner, verify and the tests (one per process)."""
     from pyspark.sql import SparkSession
 
-    os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app_name)
         .master(settings.spark_master)

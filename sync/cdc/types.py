@@ -124,10 +124,3 @@ def table_columns(value_schema: dict[str, Any]) -> list[ColumnType]:
 def key_columns(key_schema: dict[str, Any]) -> list[str]:
     return [f["field"] for f in key_schema.get("fields", [])]
 
-
-def merge_columns(older: list[ColumnType], newer: list[ColumnType]) -> list[ColumnType]:
-    """Union by name, keeping the first-seen order; the newer definition of a column wins."""
-    merged = {c.name: c for c in older}
-    merged.update({c.name: c for c in newer})
-    order = [c.name for c in older] + [c.name for c in newer if c.name not in {o.name for o in older}]
-    return [merged[name] for name in order]

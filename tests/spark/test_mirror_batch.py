@@ -136,3 +136,15 @@ def test_unchanged_toasted_value_keeps_what_the_target_holds(spark, settings):
     assert rows[1]["name"] == "long text" and rows[1]["price"] == Decimal("2.00")
     assert rows[2]["name"] == "inserted text" and rows[2]["price"] == Decimal("3.00")
     assert unavailable not in {r["name"] for r in rows.values()}
+
+
+def test_truncate_of_a_table_never_mirrored_is_a_noop(spark, settings):
+    mirrors.MirrorBatch(settings)(batch(spark, [event("t", None, 20, 21)]), 0)
+    assert not DeltaTable.isDeltaTable(spark, str(mirrors.mirror_path(settings, "widgets")))
+
+
+def test_truncate_only_batch_uses_the_recorded_key(spark, settings):
+    apply = mirrors.MirrorBatch(settings)
+    apply(batch(spark, [event("c", 1, 10, 11, "a"), event("c", 2, 10, 12, "b")]), 0)
+    apply(batch(spark, [event("t", None, 20, 21)], 2), 1)
+    assert mirror(spark, settings) == {}

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sync.cdc.types import column_type, key_columns, merge_columns, table_columns
+from sync.cdc.types import column_type, key_columns, table_columns
 
 
 def field(name, kind, semantic=None, source_type=None, length=None, scale=None, **extra):
@@ -68,10 +68,3 @@ def test_table_and_key_columns_from_envelope_schemas():
     assert [c.name for c in table_columns(value_schema)] == ["id", "name"]
     assert key_columns({"fields": [field("order_id", "int64"), field("line_no", "int32")]}) == ["order_id", "line_no"]
 
-
-def test_merge_columns_keeps_order_and_newest_definition():
-    old = [column_type(field("id", "int64")), column_type(field("n", "int32"))]
-    new = [column_type(field("id", "int64")), column_type(field("n", "int64")), column_type(field("added", "string"))]
-    merged = merge_columns(old, new)
-    assert [c.name for c in merged] == ["id", "n", "added"]
-    assert merged[1].delta_type == "bigint"
