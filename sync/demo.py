@@ -42,19 +42,18 @@ def seed(conn: psycopg.Connection, rng: random.Random, customers: int = 200, pro
             [(i, i, rng.choice(["EUR", "USD"]), Decimal(rng.randint(0, 10_000_00)) / 100)
              for i in range(1, customers + 1)])
     for order_id in range(1, orders + 1):
-        place_order(conn, rng, order_id, rng.randint(1, customers), products)
+        place_order(conn, rng, order_id, rng.randint(1, customers), list(range(1, products + 1)))
 
 
 def place_order(conn: psycopg.Connection, rng: random.Random, order_id: int, customer_id: int,
-                products: int | list[int]) -> None:
-    """One multi-table transaction: an order and its lines (products: ids, or 1..n)."""
-    choices = products if isinstance(products, list) else range(1, products + 1)
+                products: list[int]) -> None:
+    """One multi-table transaction: an order and its lines (of products chosen from `products`)."""
     with conn.transaction():
         conn.execute("INSERT INTO orders (id, customer_id, status) VALUES (%s, %s, 'placed')", (order_id, customer_id))
         conn.cursor().executemany(
             "INSERT INTO order_items (order_id, line_no, product_id, qty, unit_price) "
             "SELECT %s, %s, id, %s, price FROM products WHERE id = %s",
-            [(order_id, line, rng.randint(1, 5), rng.choice(choices)) for line in range(1, rng.randint(2, 5))])
+            [(order_id, line, rng.randint(1, 5), rng.choice(products)) for line in range(1, rng.randint(2, 5))])
 
 
 def workload(conn: psycopg.Connection, rng: random.Random, operations: int = 500) -> int:

@@ -78,10 +78,15 @@ class JavaService:
     def running(self) -> bool:
         return read_pid(self.pidfile) is not None
 
+    def command(self, java_binary: str, main_class: str, *args: str) -> list[str]:
+        """A java command line on the Kafka classpath, logging through our log4j2 config."""
+        return [java_binary, f"-Dlog4j2.configurationFile={log4j_config(self.settings.home)}",
+                "-cp", classpath(self.settings.jars, "kafka"), main_class, *args]
+
     def launch(self, java_binary: str, main_class: str, config: Path) -> None:
-        spawn([java_binary, "-Xms256m", self.heap, "-XX:+UseG1GC", "-Djava.awt.headless=true",
-               f"-Dlog4j2.configurationFile={log4j_config(self.settings.home)}",
-               "-cp", classpath(self.settings.jars, "kafka"), main_class, str(config)], self.pidfile, self.log)
+        java, *rest = self.command(java_binary, main_class, str(config))
+        spawn([java, "-Xms256m", self.heap, "-XX:+UseG1GC", "-Djava.awt.headless=true", *rest],
+              self.pidfile, self.log)
 
     def alive(self) -> None:
         """Raise at once if the process died while we wait for it to become ready."""

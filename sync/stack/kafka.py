@@ -69,16 +69,13 @@ class Kafka(jvm.JavaService):
         require_free("127.0.0.1", s.kafka_port, "Kafka")
         require_free("127.0.0.1", s.kafka_controller_port, "the Kafka controller")
         java = jvm.java()
-        cp = jvm.classpath(s.jars, "kafka")
         self.dir.mkdir(parents=True, exist_ok=True)
         config = self.dir / "server.properties"
         config.write_text(self.properties())
-        log4j = jvm.log4j_config(s.home)
         if not (self.dir / "data" / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            result = subprocess.run([java, "-cp", cp, f"-Dlog4j2.configurationFile={log4j}",
-                                     "kafka.tools.StorageTool", "format", "-t", cluster_id,
-                                     "-c", str(config)], capture_output=True, text=True)
+            result = subprocess.run(self.command(java, "kafka.tools.StorageTool", "format", "-t", cluster_id,
+                                                 "-c", str(config)), capture_output=True, text=True)
             if result.returncode != 0:
                 raise StackError(f"formatting Kafka's log directory failed: {result.stdout}{result.stderr}")
         self.launch(java, "kafka.Kafka", config)
