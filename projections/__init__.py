@@ -23,6 +23,6 @@ class Target:
 
 
 def all_projections():
-    from projections import mirrors
+    from projections import changelog, mirrors
 
-    return [mirrors]
+    return [mirrors, changelog]

@@ -4,8 +4,12 @@ Input:  the compacted topics lakesync.public.<table> (one streaming query subscr
         pattern, so a table created while everything runs is picked up by the next batch).
 Key:    the table's primary key, from the Kafka record key's schema.
 Target: <lake>/mirrors/<table>, columns of the table plus the provenance columns.
-Apply:  per table in the batch: decode, latest change per key, MERGE if newer
-        (sync/delta/merge.py), committed idempotently (sync/delta/commit.py).
+Apply:  per table in the batch: bring the Delta table to the table's columns
+        (sync/delta/schema.py), decode, latest change per key, MERGE if newer, record
+        tombstones (sync/delta/merge.py), each write committed idempotently and fenced
+        (sync/delta/commit.py). Records that cannot be applied go to the dead letters
+        (sync/delta/deadletters.py); an incompatible type change stops that table's
+        mirror alone (its records go to the dead letters, `status` names the cause).
 Oracle: SELECT * FROM public.<table> on Postgres.
 """
 
@@ -23,18 +27,24 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from projections import Target
-from sync.cdc.decode import decode_changes
+from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes
 from sync.cdc.ordering import parse_sequence
 from sync.cdc.types import ColumnType, key_columns, table_columns
 from sync.config import CAPTURED_SCHEMA, TOPIC_PREFIX, Settings
+from sync.delta import deadletters
 from sync.delta.commit import commit_batch
-from sync.delta.merge import ensure_table, merge_changes
+from sync.delta.fencing import Fence
+from sync.delta.merge import (TOMBSTONE_COLUMNS, ensure_table, latest_per_key, merge_changes,
+                              record_tombstones, still_applicable)
+from sync.delta.schema import IncompatibleChange, evolve, finish_backfill
+from sync.fault import crash_point
 from sync.progress import Progress
 
 NAME = "mirrors"
 KIND = "mirror"
 TOPIC_PATTERN = re.escape(f"{TOPIC_PREFIX}.{CAPTURED_SCHEMA}.") + r"[^.]+"
 KEYS_PROPERTY = "lakesync.keys"
+TRUNCATED_PROPERTY = "lakesync.truncated_at"  # source position of the latest truncate applied
 PROVENANCE_DDL = ("`_commit_lsn` bigint, `_lsn` bigint, `_txid` bigint, `_source_ts` timestamp, "
                   "`_op` string, `_topic` string, `_partition` int, `_offset` bigint, "
                   "`_applied_at` timestamp")
@@ -46,6 +56,10 @@ def table_of(topic: str) -> str:
 
 def mirror_path(settings: Settings, table: str) -> Path:
     return settings.lake / "mirrors" / table
+
+
+def tombstone_path(settings: Settings, table: str) -> Path:
+    return settings.lake / "tombstones" / table
 
 
 def targets(settings: Settings) -> list[Target]:
@@ -79,14 +93,14 @@ def lag_of(target: Target, lag_by_topic: dict[str, int]) -> int:
     return lag_by_topic.get(f"{TOPIC_PREFIX}.{target.source}", 0)
 
 
-def start(spark: SparkSession, settings: Settings, once: bool) -> StreamingQuery:
+def start(spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
     records = (spark.readStream.format("kafka")
                .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
                .option("subscribePattern", TOPIC_PATTERN)
                .option("startingOffsets", "earliest")
                .option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
                .load())
-    apply = MirrorBatch(settings)
+    apply = MirrorBatch(settings, fence)
     writer = (records.writeStream.queryName(NAME)
               .option("checkpointLocation", str(settings.checkpoints / NAME))
               .foreachBatch(apply))
@@ -96,61 +110,170 @@ def start(spark: SparkSession, settings: Settings, once: bool) -> StreamingQuery
 
 
 class MirrorBatch:
-    """foreachBatch function: applies one micro-batch to every table it touches."""
+    """foreachBatch function: applies one micro-batch to every table it touches.
 
-    def __init__(self, settings: Settings):
+    Steps, in order:
+      1. Per topic in the batch: the table's columns, key and latest truncate.
+      2. Per table, one after the other (crash point `between_tables` after the first):
+         evolve the schema, decode, set aside what cannot be applied, MERGE, record
+         tombstones, finish a pending backfill. Each Delta write is its own idempotent
+         commit (txnAppId `mirrors:<table>`, `mirrors:<table>:tombstones`).
+      3. Append what was set aside to the dead letters (txnAppId `mirrors:dead_letters`).
+      4. Record progress for `status`.
+    Spark commits the batch's offsets after this returns; a crash anywhere above replays
+    the whole batch, and every write of the replay is skipped or changes nothing.
+    """
+
+    def __init__(self, settings: Settings, fence: Fence):
         self.settings = settings
+        self.fence = fence
         self.progress = Progress(settings, NAME)
+        self.tombstones_swept: dict[str, float] = {}
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession  # this query's own session (its txn tags stay here)
         started = time.time()
         records = batch.where(F.col("value").isNotNull()).persist()
         try:
-            applied = {}
-            for table in self._tables(records):
-                applied[table["name"]] = self._apply_table(spark, records, table, batch_id)
-            self.progress.record(batch_id, applied, started)
+            applied, stopped, dead = {}, {}, []
+            for number, table in enumerate(self._tables(records)):
+                if number == 1:
+                    crash_point("between_tables", self.settings.fault)
+                these = records.where(F.col("topic") == table["topic"])
+                try:
+                    applied[table["name"]], failed = self._apply_table(spark, these, table, batch_id)
+                except IncompatibleChange as error:
+                    stopped[table["name"]] = f"mirror stopped: {error}"
+                    failed = _all_records(these, stopped[table["name"]])
+                dead.extend((topic, partition, offset, table["name"], error)
+                            for topic, partition, offset, error in failed)
+            deadletters.write(spark, self.settings, NAME, batch_id, records, dead, self.fence)
+            dead_by_table: dict[str, int] = {}
+            for *_, table_name, _error in dead:
+                dead_by_table[table_name] = dead_by_table.get(table_name, 0) + 1
+            self.progress.record(batch_id, applied, started, dead_by_table, stopped)
         finally:
             records.unpersist()
 
     def _tables(self, records: DataFrame) -> list[dict]:
-        """Per topic in the batch: latest value and key schema, latest truncate position."""
+        """Per topic in the batch: latest value and key schema, latest truncate position,
+        whether it deletes anything."""
         value = F.col("value").cast("string")
         key = F.col("key").cast("string")
-        is_truncate = F.get_json_object(value, "$.payload.op") == "t"
+        op = F.get_json_object(value, "$.payload.op")
         rows = (records.groupBy("topic").agg(
             F.max_by(F.get_json_object(value, "$.schema"), "offset").alias("value_schema"),
             # A truncate's key is its topic (connectors/: KeyTruncateEvents), not the table's key.
             F.max_by(F.get_json_object(key, "$.schema"),
-                     F.when(F.col("key").isNotNull() & ~is_truncate, F.col("offset"))).alias("key_schema"),
+                     F.when(F.col("key").isNotNull() & (op != "t"), F.col("offset"))).alias("key_schema"),
             F.max_by(F.get_json_object(value, "$.payload.source.sequence"),
-                     F.when(is_truncate, F.col("offset"))).alias("truncate_sequence"),
-        ).collect())
-        return [{"name": table_of(r["topic"]), "topic": r["topic"],
-                 "columns": table_columns(json.loads(r["value_schema"])),
-                 "keys": key_columns(json.loads(r["key_schema"])) if r["key_schema"] else None,
-                 "truncated_at": parse_sequence(r["truncate_sequence"])} for r in rows]
+                     F.when(op == "t", F.col("offset"))).alias("truncate_sequence"),
+            F.max(op == "d").alias("deletes"),
+        ).orderBy("topic").collect())
+        tables = []
+        for r in rows:
+            entry = {"name": table_of(r["topic"]), "topic": r["topic"], "deletes": bool(r["deletes"]),
+                     "truncated_at": parse_sequence(r["truncate_sequence"]), "error": None,
+                     "keys": None, "columns": []}
+            try:
+                entry["columns"] = table_columns(json.loads(r["value_schema"] or "{}"))
+                entry["keys"] = key_columns(json.loads(r["key_schema"])) if r["key_schema"] else None
+            except (ValueError, KeyError, TypeError) as error:
+                entry["error"] = f"cannot read the table's schema: {error}"
+            tables.append(entry)
+        return tables
 
-    def _apply_table(self, spark: SparkSession, records: DataFrame, table: dict, batch_id: int) -> int:
+    def _apply_table(self, spark: SparkSession, records: DataFrame, table: dict,
+                     batch_id: int) -> tuple[int, list[tuple]]:
+        """Apply one table's records; returns (rows affected, records set aside with why)."""
+        if table["error"]:
+            return 0, _all_records(records, table["error"])
         path = str(mirror_path(self.settings, table["name"]))
-        columns: list[ColumnType] = table["columns"]
-        ddl = ", ".join([c.ddl() for c in columns] + [PROVENANCE_DDL])
-        keys = table["keys"]
-        if keys is None:  # only truncates in this batch: the key is the one the mirror recorded
-            if not DeltaTable.isDeltaTable(spark, path):
-                return 0  # a table we never mirrored was truncated: nothing to remove
-            keys = [k for k in DeltaTable.forPath(spark, path).detail().first()["properties"]
-                    .get(KEYS_PROPERTY, "").split(",") if k]
+        keys = table["keys"] or self._recorded_keys(spark, path)
+        if keys is None:
+            return 0, []  # only truncates of a table never mirrored: nothing to remove
         if not keys:
-            raise ValueError(f"table {table['name']} has no primary key; mirrors need one")
-        target_table = ensure_table(spark, path, ddl, {KEYS_PROPERTY: ",".join(keys)})
-        changes = decode_changes(records.where(F.col("topic") == table["topic"]), columns)
-        metrics = {}
+            return 0, _all_records(records, f"table {table['name']} has no primary key; mirrors need one")
+        columns: list[ColumnType] = table["columns"]
+        properties = {KEYS_PROPERTY: ",".join(keys), **self.fence.properties}
+        target = evolve(spark, path, columns, PROVENANCE_DDL, records, properties)
+        truncated_at = self._truncated_at(spark, path, table["truncated_at"])
 
-        def write() -> None:
-            result = merge_changes(target_table, changes, keys, table["truncated_at"])
-            metrics.update(result)
+        changes = decode_changes(records, columns)
+        failed = _refused(changes, keys)
+        good = changes.where(F.col(ERROR).isNull()).drop(ERROR)
+        if failed:
+            refused = spark.createDataFrame([(t, p, o) for t, p, o, _ in failed],
+                                            "_topic string, _partition int, _offset bigint")
+            good = good.join(refused, ["_topic", "_partition", "_offset"], "left_anti")
+        tombstones = tombstone_path(self.settings, table["name"])
+        known_dead = (spark.read.format("delta").load(str(tombstones))
+                      if DeltaTable.isDeltaTable(spark, str(tombstones)) else None)
+        latest = latest_per_key(still_applicable(good, keys, truncated_at, known_dead), keys).persist()
+        try:
+            metrics = {}
+            commit_batch(spark, f"{NAME}:{table['name']}", batch_id,
+                         lambda: metrics.update(merge_changes(target, latest, keys, table["truncated_at"])),
+                         self.fence, self.settings.fault)
+            if table["deletes"]:
+                key_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in target.toDF().schema.fields
+                                    if f.name in keys or f.name in TOMBSTONE_COLUMNS)
+                dead_keys = ensure_table(spark, str(tombstones), key_ddl, self.fence.properties)
+                commit_batch(spark, f"{NAME}:{table['name']}:tombstones", batch_id,
+                             lambda: record_tombstones(dead_keys, latest, keys), self.fence, self.settings.fault)
+            self._sweep_tombstones(spark, table["name"])
+        finally:
+            latest.unpersist()
+        finish_backfill(spark, path, columns)
+        return int(metrics.get("num_affected_rows", 0)), failed
 
-        commit_batch(spark, f"{NAME}:{table['name']}", batch_id, write, self.settings.fault)
-        return int(metrics.get("num_affected_rows", 0))
+    def _recorded_keys(self, spark: SparkSession, path: str) -> list[str] | None:
+        """A batch holding only truncates has no row key: use the one the mirror recorded."""
+        if not DeltaTable.isDeltaTable(spark, path):
+            return None
+        recorded = DeltaTable.forPath(spark, path).detail().first()["properties"].get(KEYS_PROPERTY, "")
+        return [k for k in recorded.split(",") if k]
+
+    def _truncated_at(self, spark: SparkSession, path: str, in_batch) -> tuple[int, int] | None:
+        """The latest truncate the mirror has seen, this batch's included, recorded first so
+        a change older than it redelivered in a later batch cannot bring a row back."""
+        recorded = parse_sequence(DeltaTable.forPath(spark, path).detail().first()["properties"]
+                                  .get(TRUNCATED_PROPERTY))
+        latest = max([p for p in (recorded, in_batch) if p is not None], default=None)
+        if latest is not None and latest != recorded:
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+                      f"('{TRUNCATED_PROPERTY}' = '{json.dumps([str(latest[0]), str(latest[1])])}')")
+        return latest
+
+    def _sweep_tombstones(self, spark: SparkSession, table: str) -> None:
+        """Remove tombstones written longer ago than the horizon, at most once an hour per
+        table. By write time, not source time: a rebuild replaying year-old deletes must
+        keep their tombstones while it replays what came after them."""
+        path = str(tombstone_path(self.settings, table))
+        if time.time() - self.tombstones_swept.get(table, 0) < 3600 or not DeltaTable.isDeltaTable(spark, path):
+            return
+        horizon = F.expr(f"current_timestamp() - INTERVAL {int(self.settings.tombstone_hours)} HOURS")
+        DeltaTable.forPath(spark, path).delete(F.col("_applied_at") < horizon)
+        self.tombstones_swept[table] = time.time()
+
+
+def _refused(changes: DataFrame, keys: list[str]) -> list[tuple[str, int, int, str]]:
+    """Changes that must not be applied: undecodable ones, and changes that repeat a
+    source position already taken by a different change of the same key (one of them
+    is wrong, and guessing which would be silent loss)."""
+    data = [c for c in changes.columns if c not in PROVENANCE and c not in (UNCHANGED, ERROR)]
+    content = F.xxhash64(*[F.col(f"`{c}`") for c in data], F.col("_op"))
+    offsets = F.struct("_topic", "_partition", "_offset")
+    repeated = (changes.where(F.col(ERROR).isNull())
+                .groupBy(*keys, "_commit_lsn", "_lsn")
+                .agg(F.count_distinct(content).alias("versions"), F.collect_list(offsets).alias("records"))
+                .where("versions > 1")
+                .select(F.explode("records").alias("r"))
+                .select("r.*", F.lit("repeated source position with different content").alias(ERROR)))
+    undecodable = changes.where(F.col(ERROR).isNotNull()).select("_topic", "_partition", "_offset", ERROR)
+    return [tuple(r) for r in undecodable.unionByName(repeated).collect()]
+
+
+def _all_records(records: DataFrame, error: str) -> list[tuple[str, int, int, str]]:
+    return [(r["topic"], r["partition"], r["offset"], error)
+            for r in records.select("topic", "partition", "offset").collect()]

@@ -53,6 +53,7 @@ class Settings:
     trigger_seconds: float
     shuffle_partitions: int
     max_offsets_per_trigger: int
+    tombstone_hours: float
     # Where the Connect worker reaches Postgres and the secrets file: the same as ours on
     # the embedded stack, but another host/path when Connect runs in a container.
     connect_pg_address: str
@@ -133,6 +134,9 @@ def load() -> Settings:
         trigger_seconds=float(_env("LAKESYNC_TRIGGER_SECONDS", "1")),
         shuffle_partitions=int(_env("LAKESYNC_SHUFFLE_PARTITIONS", "4")),
         max_offsets_per_trigger=int(_env("LAKESYNC_MAX_OFFSETS_PER_TRIGGER", "500000")),
+        # Longer than Kafka's delete.retention.ms (1 day): by then no replay can bring a
+        # deleted key's older records back, so its tombstone may go.
+        tombstone_hours=float(_env("LAKESYNC_TOMBSTONE_HOURS", "168")),
         connect_pg_address=_env("LAKESYNC_CONNECT_PG_ADDRESS", ""),
         connect_secrets_path=_env("LAKESYNC_CONNECT_SECRETS_FILE", ""),
     )

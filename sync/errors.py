@@ -23,3 +23,9 @@ class NotFresh(LakesyncError):
     """The freshness barrier timed out; the message names what is behind."""
 
     exit_code = 1
+
+
+class Fenced(LakesyncError):
+    """A newer run of the same projection holds a higher epoch: this writer must stop."""
+
+    exit_code = 3

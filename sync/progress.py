@@ -19,13 +19,23 @@ class Progress:
         self.path = settings.progress_dir / f"{projection}.json"
         self.state: dict[str, Any] = read(settings, projection)
 
-    def record(self, batch_id: int, applied_by_table: dict[str, int], started: float) -> None:
+    def record(self, batch_id: int, applied_by_table: dict[str, int], started: float,
+               dead_letters_by_table: dict[str, int] | None = None,
+               stopped_by_table: dict[str, str] | None = None) -> None:
+        """After a batch: rows applied, dead letters written and stopped mirrors, per
+        table. A table that applied again is no longer stopped."""
         tables = self.state.setdefault("tables", {})
         for table, rows in applied_by_table.items():
             entry = tables.setdefault(table, {"rows_applied": 0})
             entry["rows_applied"] += rows
             entry["last_batch_at"] = time.time()
             entry["last_batch_rows"] = rows
+            entry.pop("stopped", None)
+        for table, count in (dead_letters_by_table or {}).items():
+            entry = tables.setdefault(table, {"rows_applied": 0})
+            entry["dead_letters"] = entry.get("dead_letters", 0) + count
+        for table, reason in (stopped_by_table or {}).items():
+            tables.setdefault(table, {"rows_applied": 0})["stopped"] = reason
         self.state.update(batch_id=batch_id, last_batch_at=time.time(),
                           last_batch_seconds=round(time.time() - started, 3))
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ import threading
 from projections import all_projections
 from sync import spark as spark_session
 from sync.config import ROOT, Settings
+from sync.delta import fencing
 from sync.errors import LakesyncError, ServiceUnavailable
 from sync.stack.kafka import kafka_ready
 from sync.stack.process import pid_alive, read_pid, spawn, wait_until
@@ -36,9 +37,12 @@ def run(settings: Settings, once: bool = False) -> None:
         spark = spark_session.session(settings, "lakesync-runner")
         queries = []
         for projection in all_projections():
+            # The fencing token of this run: any older runner still alive is now a zombie.
+            fence = fencing.take(spark, settings, projection.NAME,
+                                 [t.table for t in projection.targets(settings)])
             # A pool per projection: the FAIR scheduler shares the two cores between them.
             spark.sparkContext.setLocalProperty("spark.scheduler.pool", projection.NAME)
-            queries.append(projection.start(spark, settings, once))
+            queries.append(projection.start(spark, settings, once, fence))
         # Written once the queries run: `start_background` and `status` read it.
         settings.runner_pidfile.parent.mkdir(parents=True, exist_ok=True)
         settings.runner_pidfile.write_text(str(os.getpid()))

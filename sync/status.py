@@ -64,13 +64,16 @@ def collect(settings: Settings) -> dict[str, Any]:
                 "lag": projection.lag_of(target, topic_lag) if kafka_ok else None,
                 "last_batch_at": _iso(table_state.get("last_batch_at")),
                 "rows_applied": table_state.get("rows_applied", 0),
-                "dead_letters": 0,
+                "dead_letters": table_state.get("dead_letters", 0),
+                "stopped": table_state.get("stopped"),
             })
     return {"components": components, "slot_lag_bytes": slot_lag, "projections": projections}
 
 
 def healthy(report: dict[str, Any]) -> bool:
-    return all(c["ok"] for c in report["components"].values())
+    """Every component up and no mirror stopped by an incompatible schema change."""
+    return (all(c["ok"] for c in report["components"].values())
+            and not any(p.get("stopped") for p in report["projections"]))
 
 
 def render(report: dict[str, Any]) -> str:
@@ -83,8 +86,11 @@ def render(report: dict[str, Any]) -> str:
     lag = report["slot_lag_bytes"]
     lines.append(f"replication slot lag: {lag if lag is not None else '?'} bytes")
     lines.append("")
-    lines.append(f"{'projection':<28} {'kind':<8} {'lag':>6} {'rows applied':>13}  {'last batch (UTC)':<26} table")
+    lines.append(f"{'projection':<28} {'kind':<9} {'lag':>6} {'rows applied':>13} {'dead letters':>12}  "
+                 f"{'last batch (UTC)':<26} table")
     for p in report["projections"]:
-        lines.append(f"{p['name']:<28} {p['kind']:<8} {str(p['lag']):>6} {p['rows_applied']:>13}  "
-                     f"{(p['last_batch_at'] or '-')[:26]:<26} {p['table']}")
+        lines.append(f"{p['name']:<28} {p['kind']:<9} {str(p['lag']):>6} {p['rows_applied']:>13} "
+                     f"{p['dead_letters']:>12}  {(p['last_batch_at'] or '-')[:26]:<26} {p['table']}")
+        if p.get("stopped"):
+            lines.append(f"    STOPPED: {p['stopped']}")
     return "\n".join(lines)

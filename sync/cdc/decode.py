@@ -9,6 +9,11 @@ Unchanged TOASTed values: when an update leaves a large (TOASTed) value untouche
 Postgres does not log it and Debezium sends a placeholder instead. Such a value is
 decoded as null and its column is named in `_unchanged`, so the merge keeps what the
 target already holds; the placeholder itself is never stored.
+
+Nothing is applied by guess: a record that is not a change event, has no source
+position, or holds a value its column cannot take exactly (a NaN in numeric(p,s), a
+malformed timestamp) is decoded with `_error` set, and the projection sends it to the
+dead letters instead of applying it (sync/delta/deadletters.py).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ SOURCE_STRUCT = ("struct<sequence: string, lsn: bigint, txId: bigint, ts_us: big
 
 PROVENANCE = ["_commit_lsn", "_lsn", "_txid", "_source_ts", "_op", "_topic", "_partition", "_offset"]
 UNCHANGED = "_unchanged"  # array<string>: columns whose value this change did not carry
+ERROR = "_error"  # string: why this record cannot be applied (null when it can)
+OPS = ("c", "u", "d", "r", "t")
 UNAVAILABLE = "__debezium_unavailable_value"  # Debezium's default unavailable.value.placeholder
 
 
@@ -39,14 +46,13 @@ def placeholder(column: ColumnType) -> str | None:
 
 
 def convert(value: Column, column: ColumnType) -> Column:
-    """The Delta value of one column from its parsed JSON value."""
+    """The Delta value of one column from its parsed JSON value; null where the value
+    cannot be converted exactly (the caller turns that into an error, never a silent null)."""
     kind = column.convert
-    if kind == "none":
-        return value.cast(column.delta_type)
-    if kind == "decimal":
-        return value.cast(column.delta_type)
+    if kind in ("none", "decimal"):
+        return value.try_cast(column.delta_type)
     if kind == "timestamptz":
-        return F.to_timestamp(value)
+        return F.try_to_timestamp(value)
     if kind == "micros_ntz":
         return F.timestamp_micros(value).cast("timestamp_ntz")
     if kind == "millis_ntz":
@@ -59,7 +65,7 @@ def convert(value: Column, column: ColumnType) -> Column:
         micros = {"micros_time": value, "millis_time": value * 1000, "nanos_time": F.floor(value / 1000)}[kind]
         return F.date_format(F.timestamp_micros(micros), "HH:mm:ss.SSSSSS")
     if kind == "base64":
-        return F.unbase64(value)
+        return F.try_to_binary(value, F.lit("base64"))
     if kind == "array":
         assert column.element is not None
         return F.transform(value, lambda element: convert(element, column.element))
@@ -84,15 +90,25 @@ def decode_changes(records: DataFrame, columns: list[ColumnType]) -> DataFrame:
                       "topic", "partition", "offset"))
     image = F.coalesce(F.col("e.payload.after"), F.col("e.payload.before"))
     commit_lsn, lsn = position_columns(F.col("e.payload.source.sequence"))
-    values, unavailable = [], []
+    values, unavailable, failed = [], [], []
     for c in columns:
         raw, missing = image[c.name], placeholder(c)
-        if missing is None:
-            values.append(convert(raw, c).alias(c.name))
-        else:
-            values.append(F.when(raw == missing, None).otherwise(convert(raw, c)).alias(c.name))
+        value = convert(raw, c)
+        if missing is not None:
+            value = F.when(raw == missing, None).otherwise(value)
             unavailable.append(F.when(raw == missing, F.lit(c.name)))
+        values.append(value.alias(c.name))
+        failed.append(F.when(raw.isNotNull() & value.isNull() & ~_is(raw, missing),
+                             F.lit(f"column {c.name}: value not representable as {c.delta_type}")))
     unchanged = F.array_compact(F.array(*unavailable)) if unavailable else F.array().cast("array<string>")
+    op = F.col("e.payload.op")
+    error = F.coalesce(
+        F.when(F.col("e.payload").isNull(), F.lit("not a Debezium change event")),
+        F.when(~op.isin(*OPS) | op.isNull(), F.concat(F.lit("unknown operation "), F.coalesce(op, F.lit("null")))),
+        F.when(lsn.isNull(), F.lit("missing or malformed source position (source.sequence)")),
+        F.when(op.isin("c", "u", "r") & F.col("e.payload.after").isNull(), F.lit("change without an after image")),
+        F.when((op == "d") & F.col("e.payload.before").isNull(), F.lit("delete without a before image")),
+        *failed)
     return parsed.select(
         *values,
         commit_lsn.alias("_commit_lsn"),
@@ -104,4 +120,9 @@ def decode_changes(records: DataFrame, columns: list[ColumnType]) -> DataFrame:
         F.col("partition").alias("_partition"),
         F.col("offset").alias("_offset"),
         unchanged.alias(UNCHANGED),
+        error.alias(ERROR),
     )
+
+
+def _is(raw: Column, missing: str | None) -> Column:
+    return F.lit(False) if missing is None else F.coalesce(raw == missing, F.lit(False))

@@ -17,7 +17,8 @@ conversion is data for the decoder rather than code per table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from typing import Any
 
 SPARK_MAX_PRECISION = 38
@@ -66,6 +67,7 @@ class ColumnType:
     convert: str            # conversion from json_type to delta_type (see sync/cdc/decode.py)
     nullable: bool = True
     element: "ColumnType | None" = None  # arrays: how each element converts
+    default: str | None = None  # the column's default as JSON text, when Debezium reports one
 
     def ddl(self) -> str:
         return f"`{self.name}` {self.delta_type}"
@@ -73,6 +75,13 @@ class ColumnType:
 
 def column_type(field: dict[str, Any]) -> ColumnType:
     """Map one Debezium field schema (an entry of the Value schema's `after` fields)."""
+    column = _column_type(field)
+    if field.get("default") is not None:
+        column = replace(column, default=json.dumps(field["default"]))
+    return column
+
+
+def _column_type(field: dict[str, Any]) -> ColumnType:
     name = field.get("field", "")
     nullable = bool(field.get("optional", True))
     kind = field.get("type")

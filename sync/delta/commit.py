@@ -8,11 +8,14 @@ Steps of `commit_batch`, in order:
      txnAppId = the projection and its table, txnVersion = the batch id. Each query has
      its own cloned session, so concurrent projections never see each other's tags.
   2. Crash point `before_delta_commit`: the table is unchanged; the batch replays.
-  3. Write (MERGE). Delta records (txnAppId, txnVersion) in the same atomic commit; a
-     write whose txnVersion is not above the recorded one is skipped as already applied.
-  4. Crash point `after_delta_commit`: the table holds the batch, but Spark has not yet
-     recorded the batch as committed, so the batch replays and step 3 skips it.
-  5. Clear the tags, so no later write in this session reuses them by accident.
+  3. Fencing (sync/delta/fencing.py): if a newer run of this projection has taken a
+     higher epoch, this writer is a zombie and aborts here, before writing.
+  4. Write (MERGE or append). Delta records (txnAppId, txnVersion) in the same atomic
+     commit; a write whose txnVersion is not above the recorded one is skipped as
+     already applied.
+  5. Crash point `after_delta_commit`: the table holds the batch, but Spark has not yet
+     recorded the batch as committed, so the batch replays and step 4 skips it.
+  6. Clear the tags, so no later write in this session reuses them by accident.
 Spark then writes the batch's commit marker; only after that does the next batch start.
 
 | crash point                          | what holds after restart                       |
@@ -23,7 +26,11 @@ Spark then writes the batch's commit marker; only after that does the next batch
 | between two tables of one batch      | each table's commit is skipped or applied on   |
 |                                      | its own (one txnAppId per table)               |
 | Connect restart, redelivered events  | the newer-than guard ignores what a row has    |
-|                                      | already seen (equal or older source position)  |
+|                                      | already seen (equal or older source position); |
+|                                      | a delete's tombstone keeps older changes out   |
+| a zombie runner of the same          | fenced: its epoch is older, its commit is      |
+| projection                           | refused (step 3), or fails Delta's conflict    |
+|                                      | check against the newer run's epoch stamp      |
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from typing import Callable
 
 from pyspark.sql import SparkSession
 
+from sync.delta.fencing import Fence
 from sync.fault import crash_point
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -39,11 +47,12 @@ TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 
 def commit_batch(session: SparkSession, app_id: str, batch_id: int, write: Callable[[], None],
-                 fault: str = "") -> None:
+                 fence: Fence, fault: str = "") -> None:
     session.conf.set(TXN_APP_ID, app_id)
     session.conf.set(TXN_VERSION, str(batch_id))
     try:
         crash_point("before_delta_commit", fault)
+        fence.check()
         write()
         crash_point("after_delta_commit", fault)
     finally:

@@ -1,12 +1,17 @@
 """Apply a batch of changes to a keyed Delta table: latest per key, only if newer.
 
-1. Within the batch, keep the latest change per key by source position; a column the
+1. Drop what can no longer apply: a change older than the table's latest truncate, or
+   older than its key's tombstone (the key was deleted after that change happened).
+2. Within the batch, keep the latest change per key by source position; a column the
    latest change did not carry (an unchanged TOASTed value) takes its value from the
    latest earlier change in the batch that did, else keeps the target's.
-2. A truncate in the batch removes every target row older than it, and every change
-   older than it in the batch.
 3. MERGE on the key: a newer delete deletes, a newer upsert updates, an unseen key is
    inserted; a change that is not newer than the row is ignored (redeliveries, replays).
+   A truncate in the batch also removes every target row older than it.
+4. Record the batch's deletes as tombstones (key and source position) in a side table,
+   so the table itself holds only live rows and readers need no filter. Tombstones are
+   removed after a horizon (LAKESYNC_TOMBSTONE_HOURS) longer than the time Kafka keeps
+   a deleted key's older records in a compacted topic (delete.retention.ms, 1 day).
 The merge condition carries the keys only, so Delta prunes files by key ranges.
 """
 
@@ -40,7 +45,7 @@ def latest_per_key(changes: DataFrame, keys: list[str]) -> DataFrame:
     unchanged = F.array_compact(F.array(*[F.when(F.col(f"_carried_{c}").isNull(), F.lit(c)) for c in data]))
     latest = changes.groupBy(*keys).agg(*aggregates)
     return latest.select(*keys, *data, *[F.col(f"_latest.{c}").alias(c) for c in PROVENANCE],
-                         unchanged.alias(UNCHANGED))
+                         unchanged.alias(UNCHANGED), F.current_timestamp().alias("_applied_at"))
 
 
 def ensure_table(spark: SparkSession, path: str, schema_ddl: str,
@@ -65,15 +70,32 @@ def ensure_table(spark: SparkSession, path: str, schema_ddl: str,
     return builder.execute()
 
 
-def merge_changes(target: DeltaTable, changes: DataFrame, keys: list[str],
-                  truncated_at: tuple[int, int] | None = None) -> dict[str, int]:
-    """MERGE `changes` (decoded, any order) into `target`; `truncated_at` is the position
-    of the batch's latest truncate of this table, if it has one. Returns Delta's merge
-    metrics (num_affected_rows, num_updated_rows, num_deleted_rows, num_inserted_rows)."""
+TOMBSTONE_COLUMNS = ["_commit_lsn", "_lsn", "_source_ts", "_applied_at"]
+
+
+def still_applicable(changes: DataFrame, keys: list[str], truncated_at: tuple[int, int] | None,
+                     tombstones: DataFrame | None) -> DataFrame:
+    """Step 1: the changes (not truncates) newer than the latest truncate and than their
+    key's tombstone. A delete equal to its own tombstone stays (its replay is harmless)."""
     rows = changes.where("_op != 't'")
     if truncated_at is not None:
         rows = rows.where(newer_than_literal(truncated_at))
-    latest = latest_per_key(rows, keys).withColumn("_applied_at", F.current_timestamp())
+    if tombstones is not None:
+        dead = tombstones.select(*keys, F.col("_commit_lsn").alias("_dead_commit_lsn"),
+                                 F.col("_lsn").alias("_dead_lsn"))
+        older = (F.col("_commit_lsn") < F.col("_dead_commit_lsn")) | (
+            (F.col("_commit_lsn") == F.col("_dead_commit_lsn")) & (F.col("_lsn") < F.col("_dead_lsn")))
+        rows = (rows.join(dead, keys, "left").where(F.col("_dead_lsn").isNull() | ~older)
+                .drop("_dead_commit_lsn", "_dead_lsn"))
+    return rows
+
+
+def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
+                  truncated_at: tuple[int, int] | None = None) -> dict[str, int]:
+    """Step 3: MERGE `latest` (one change per key, from latest_per_key) into `target`;
+    `truncated_at` is the position of the batch's latest truncate of this table, if it
+    has one. Returns Delta's merge metrics (num_affected_rows, num_updated_rows,
+    num_deleted_rows, num_inserted_rows); empty when Delta skipped the commit."""
     on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
     newer = newer_than("s", "t")
     written = [c for c in latest.columns if c != UNCHANGED]
@@ -90,6 +112,16 @@ def merge_changes(target: DeltaTable, changes: DataFrame, keys: list[str],
     metrics = merge.execute()
     row = metrics.first() if metrics is not None else None  # no row: skipped as already applied
     return row.asDict() if row is not None else {}
+
+
+def record_tombstones(tombstones: DeltaTable, latest: DataFrame, keys: list[str]) -> None:
+    """Step 4: upsert a tombstone for every key whose latest change in the batch deletes it."""
+    deletes = latest.where("_op = 'd'").select(*keys, *TOMBSTONE_COLUMNS)
+    on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    (tombstones.alias("t").merge(deletes.alias("s"), on)
+     .whenMatchedUpdate(condition=newer_than("s", "t"), set={c: f"s.{c}" for c in TOMBSTONE_COLUMNS})
+     .whenNotMatchedInsertAll()
+     .execute())
 
 
 def newer_than_literal(position, side: str = "") -> str:

@@ -14,6 +14,8 @@ from delta.tables import DeltaTable
 
 from projections import mirrors
 from sync import config
+from sync.delta import deadletters, fencing
+from sync.errors import Fenced
 
 pytestmark = pytest.mark.spark
 
@@ -54,13 +56,17 @@ def settings(tmp_path):
     return dataclasses.replace(config.load(), lake=tmp_path / "lake")
 
 
+def new_batch(spark, settings):
+    return mirrors.MirrorBatch(settings, fencing.take(spark, settings, mirrors.NAME, []))
+
+
 def mirror(spark, settings):
     path = str(mirrors.mirror_path(settings, "widgets"))
     return {r["id"]: r for r in spark.read.format("delta").load(path).collect()}
 
 
 def test_latest_change_per_key_wins_whatever_the_arrival_order(spark, settings):
-    apply = mirrors.MirrorBatch(settings)
+    apply = new_batch(spark, settings)
     apply(batch(spark, [event("c", 1, None, 10, "snap", "1.00"),
                         event("u", 1, 300, 320, "third", "3.00"),
                         event("u", 1, 100, 120, "first", "1.50"),
@@ -71,7 +77,7 @@ def test_latest_change_per_key_wins_whatever_the_arrival_order(spark, settings):
 
 
 def test_an_older_change_never_overwrites_a_newer_row(spark, settings):
-    apply = mirrors.MirrorBatch(settings)
+    apply = new_batch(spark, settings)
     apply(batch(spark, [event("c", 1, 500, 510, "new", "5.00")]), 0)
     apply(batch(spark, [event("u", 1, 400, 410, "stale", "4.00"),      # redelivered, older
                         event("u", 1, 500, 510, "new-dup", "5.00")], 1), 1)  # same position
@@ -79,7 +85,7 @@ def test_an_older_change_never_overwrites_a_newer_row(spark, settings):
 
 
 def test_delete_then_reinsert_and_delete_of_unknown_key(spark, settings):
-    apply = mirrors.MirrorBatch(settings)
+    apply = new_batch(spark, settings)
     apply(batch(spark, [event("c", 1, 10, 11, "a", "1.00"), event("c", 2, 10, 12, "b", "2.00")]), 0)
     apply(batch(spark, [event("d", 1, 20, 21), event("c", 1, 30, 31, "again", "1.10"),
                         event("d", 2, 20, 22), event("d", 3, 20, 23)], 2), 1)
@@ -88,7 +94,7 @@ def test_delete_then_reinsert_and_delete_of_unknown_key(spark, settings):
 
 
 def test_exact_types(spark, settings):
-    mirrors.MirrorBatch(settings)(batch(spark, [event("c", 7, 10, 11, "t", "1234567890.12",
+    new_batch(spark, settings)(batch(spark, [event("c", 7, 10, 11, "t", "1234567890.12",
                                                       seen_at="1969-07-20T20:17:40.000001Z")]), 0)
     row = mirror(spark, settings)[7]
     assert row["price"] == Decimal("1234567890.12")
@@ -96,7 +102,7 @@ def test_exact_types(spark, settings):
 
 
 def test_truncate_removes_older_rows_and_keeps_later_ones(spark, settings):
-    apply = mirrors.MirrorBatch(settings)
+    apply = new_batch(spark, settings)
     apply(batch(spark, [event("c", 1, 10, 11, "a"), event("c", 2, 10, 12, "b")]), 0)
     apply(batch(spark, [event("t", None, 20, 21), event("c", 3, 30, 31, "after")], 2), 1)
     assert set(mirror(spark, settings)) == {3}
@@ -104,7 +110,7 @@ def test_truncate_removes_older_rows_and_keeps_later_ones(spark, settings):
 
 def test_a_replayed_batch_is_a_noop(spark, settings):
     """Crash after the Delta commit, before Spark's: the same batch id comes again."""
-    apply = mirrors.MirrorBatch(settings)
+    apply = new_batch(spark, settings)
     apply(batch(spark, [event("c", 1, 10, 11, "first")]), 5)
     path = str(mirrors.mirror_path(settings, "widgets"))
     version = DeltaTable.forPath(spark, path).history(1).first()["version"]
@@ -117,7 +123,7 @@ def test_a_replayed_batch_is_a_noop(spark, settings):
 
 
 def test_tombstones_are_ignored(spark, settings):
-    apply = mirrors.MirrorBatch(settings)
+    apply = new_batch(spark, settings)
     key, _ = event("c", 1, 10, 11, "a")
     apply(batch(spark, [event("c", 1, 10, 11, "a"), (key, None)]), 0)
     assert mirror(spark, settings)[1]["name"] == "a"
@@ -125,7 +131,7 @@ def test_tombstones_are_ignored(spark, settings):
 
 def test_unchanged_toasted_value_keeps_what_the_target_holds(spark, settings):
     """Debezium sends a placeholder for a TOASTed value an update did not touch."""
-    apply = mirrors.MirrorBatch(settings)
+    apply = new_batch(spark, settings)
     unavailable = "__debezium_unavailable_value"
     apply(batch(spark, [event("c", 1, 10, 11, "long text", "1.00")]), 0)
     apply(batch(spark, [event("u", 1, 20, 21, unavailable, "2.00")], 1), 1)
@@ -139,12 +145,113 @@ def test_unchanged_toasted_value_keeps_what_the_target_holds(spark, settings):
 
 
 def test_truncate_of_a_table_never_mirrored_is_a_noop(spark, settings):
-    mirrors.MirrorBatch(settings)(batch(spark, [event("t", None, 20, 21)]), 0)
+    new_batch(spark, settings)(batch(spark, [event("t", None, 20, 21)]), 0)
     assert not DeltaTable.isDeltaTable(spark, str(mirrors.mirror_path(settings, "widgets")))
 
 
 def test_truncate_only_batch_uses_the_recorded_key(spark, settings):
-    apply = mirrors.MirrorBatch(settings)
+    apply = new_batch(spark, settings)
     apply(batch(spark, [event("c", 1, 10, 11, "a"), event("c", 2, 10, 12, "b")]), 0)
     apply(batch(spark, [event("t", None, 20, 21)], 2), 1)
     assert mirror(spark, settings) == {}
+
+
+def test_an_older_change_redelivered_after_a_delete_stays_deleted(spark, settings):
+    """The delete leaves a tombstone; the mirror holds live rows only."""
+    apply = new_batch(spark, settings)
+    apply(batch(spark, [event("c", 1, 10, 11, "a"), event("c", 2, 10, 12, "b")]), 0)
+    apply(batch(spark, [event("d", 1, 20, 21)], 2), 1)
+    apply(batch(spark, [event("u", 1, 15, 16, "redelivered, older than the delete")], 3), 2)
+    assert set(mirror(spark, settings)) == {2}
+    dead = spark.read.format("delta").load(str(mirrors.tombstone_path(settings, "widgets"))).collect()
+    assert [(r["id"], r["_commit_lsn"], r["_lsn"]) for r in dead] == [(1, 20, 21)]
+    apply(batch(spark, [event("c", 1, 30, 31, "inserted again, newer")], 4), 3)
+    assert mirror(spark, settings)[1]["name"] == "inserted again, newer"
+
+
+def test_a_change_older_than_a_truncate_in_an_earlier_batch_stays_out(spark, settings):
+    apply = new_batch(spark, settings)
+    apply(batch(spark, [event("c", 1, 10, 11, "a")]), 0)
+    apply(batch(spark, [event("t", None, 20, 21)], 1), 1)
+    apply(batch(spark, [event("u", 1, 15, 16, "redelivered")], 2), 2)
+    assert mirror(spark, settings) == {}
+
+
+def test_records_that_cannot_be_applied_go_to_the_dead_letters(spark, settings):
+    apply = new_batch(spark, settings)
+    key, value = event("c", 4, 10, 14, "no position")
+    positionless = json.loads(value)
+    positionless["payload"]["source"]["sequence"] = None
+    nan_key, nan_value = event("c", 5, 10, 15, "nan price", "NaN")
+    rows = [event("c", 1, 10, 11, "good"),
+            (key, b"{not json"),
+            (key, json.dumps(positionless).encode()),
+            (nan_key, nan_value),
+            event("c", 6, 10, 16, "one content"),
+            event("c", 6, 10, 16, "another content at the same position")]
+    apply(batch(spark, rows), 0)
+    assert set(mirror(spark, settings)) == {1}
+    letters = spark.read.format("delta").load(deadletters.path(settings)).collect()
+    errors = sorted((r["offset"], r["error"]) for r in letters)
+    assert [offset for offset, _ in errors] == [1, 2, 3, 4, 5]
+    assert "not a Debezium change event" in errors[0][1]
+    assert "source position" in errors[1][1]
+    assert "price" in errors[2][1]
+    assert "repeated source position" in errors[3][1] and "repeated source position" in errors[4][1]
+    assert all(r["value"] is not None and r["projection"] == "mirrors" for r in letters)
+    # Replaying the batch adds no second copy.
+    apply(batch(spark, rows), 0)
+    assert spark.read.format("delta").load(deadletters.path(settings)).count() == 5
+
+
+def test_a_zombie_writer_is_fenced(spark, settings):
+    zombie = new_batch(spark, settings)
+    zombie(batch(spark, [event("c", 1, 10, 11, "a")]), 0)
+    newer = new_batch(spark, settings)  # a second run takes the next epoch
+    with pytest.raises(Fenced):
+        zombie(batch(spark, [event("u", 1, 20, 21, "zombie")], 1), 1)
+    newer(batch(spark, [event("u", 1, 20, 21, "newer run")], 1), 1)
+    assert mirror(spark, settings)[1]["name"] == "newer run"
+
+
+def _evolved(fields, key, commit, lsn, **row):
+    """A create event of a `widgets` table whose columns are `fields`."""
+    schema = {"type": "struct", "fields": fields, "optional": True}
+    value = {"schema": {"type": "struct", "fields": [{**schema, "field": "before"}, {**schema, "field": "after"},
+                                                     {"type": "struct", "field": "source", "fields": []},
+                                                     {"type": "string", "field": "op"}]},
+             "payload": {"before": None, "after": {"id": key, **row}, "op": "c",
+                         "source": {"sequence": json.dumps([str(commit), str(lsn)]), "lsn": lsn, "txId": commit,
+                                    "ts_us": 1711848600123456}}}
+    return json.dumps({"schema": KEY_SCHEMA, "payload": {"id": key}}).encode(), json.dumps(value).encode()
+
+
+def test_added_column_with_a_default_reaches_older_rows(spark, settings):
+    apply = new_batch(spark, settings)
+    base = FIELDS[:2]
+    apply(batch(spark, [_evolved(base, 1, 10, 11, name="old")]), 0)
+    added = base + [{"type": "int32", "optional": True, "default": 7, "field": "stock"},
+                    {"type": "string", "optional": True, "field": "note"}]
+    apply(batch(spark, [_evolved(base, 2, 20, 21, name="before the alter, same batch"),
+                        _evolved(added, 3, 30, 31, name="after", stock=None, note="n")], 1), 1)
+    rows = mirror(spark, settings)
+    assert (rows[1]["stock"], rows[2]["stock"], rows[3]["stock"]) == (7, 7, None)
+    assert (rows[1]["note"], rows[3]["note"]) == (None, "n")
+    detail = DeltaTable.forPath(spark, str(mirrors.mirror_path(settings, "widgets"))).detail().first()
+    assert "lakesync.backfill" not in detail["properties"]
+
+
+def test_widened_type_is_applied_and_an_incompatible_one_stops_the_mirror(spark, settings):
+    apply = new_batch(spark, settings)
+    as_int = [FIELDS[0], {"type": "int32", "optional": True, "field": "qty"}]
+    as_bigint = [FIELDS[0], {"type": "int64", "optional": True, "field": "qty"}]
+    as_text = [FIELDS[0], {"type": "string", "optional": True, "field": "qty"}]
+    apply(batch(spark, [_evolved(as_int, 1, 10, 11, qty=5)]), 0)
+    apply(batch(spark, [_evolved(as_bigint, 2, 20, 21, qty=2**40)], 1), 1)
+    rows = mirror(spark, settings)
+    assert (rows[1]["qty"], rows[2]["qty"]) == (5, 2**40)
+    apply(batch(spark, [_evolved(as_text, 3, 30, 31, qty="many")], 2), 2)
+    assert set(mirror(spark, settings)) == {1, 2}
+    letters = spark.read.format("delta").load(deadletters.path(settings)).collect()
+    assert [r["offset"] for r in letters] == [2] and "mirror stopped" in letters[0]["error"]
+    assert "stopped" in apply.progress.state["tables"]["widgets"]

@@ -1,0 +1,176 @@
+"""The bronze changelog: every change event as received, appended, never changed.
+
+Input:  the same topics as the mirrors (lakesync.public.*), from offset zero.
+Key:    the Kafka position (topic, partition, offset): one row per record, once.
+Target: <lake>/changelog, an append-only Delta table (`delta.appendOnly=true`): the
+        table, op, key, before and after images as JSON text, and the provenance columns.
+        Kafka compaction removes a key's older versions from its topic; the changelog
+        keeps them, so history-needing projections (SCD2, audit) read it, not Kafka.
+Apply:  one append per batch, tagged txnAppId `changelog` / txnVersion = batch id, so
+        a replayed batch adds nothing; fenced like every commit (sync/delta/commit.py).
+        Kafka tombstones (null values) carry no change and are not kept. A record that
+        is not a change event is kept too, with null op and images: the changelog holds
+        what was received, and the mirrors send such records to the dead letters.
+Oracle: no Postgres query gives history; `check` proves the changelog complete and
+        free of duplicates instead: each Kafka position appears once, and replaying it
+        (latest op per key, after the table's latest truncate) leaves exactly the keys
+        Postgres holds now.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from projections import Target
+from projections.mirrors import TOPIC_PATTERN
+from sync.cdc.ordering import position_columns
+from sync.config import Settings
+from sync.delta.commit import commit_batch
+from sync.delta.fencing import Fence
+from sync.delta.merge import ensure_table
+from sync.progress import Progress
+
+NAME = "changelog"
+KIND = "changelog"
+SCHEMA = ("`table` string, `_op` string, `key` string, `before` string, `after` string, "
+          "`_commit_lsn` bigint, `_lsn` bigint, `_txid` bigint, `_source_ts` timestamp, "
+          "`_topic` string, `_partition` int, `_offset` bigint, `_kafka_ts` timestamp, `_applied_at` timestamp")
+PROPERTIES = {"delta.appendOnly": "true"}
+
+
+def changelog_path(settings: Settings) -> str:
+    return str(settings.lake / "changelog")
+
+
+def targets(settings: Settings) -> list[Target]:
+    return [Target(name=NAME, kind=KIND, table=changelog_path(settings), keys=["_topic", "_partition", "_offset"],
+                   source=TOPIC_PATTERN)]
+
+
+def verify_targets(settings: Settings, conn) -> list[Target]:
+    return targets(settings)
+
+
+def lag_of(target: Target, lag_by_topic: dict[str, int]) -> int:
+    return sum(lag_by_topic.values())
+
+
+def start(spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
+    records = (spark.readStream.format("kafka")
+               .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+               .option("subscribePattern", TOPIC_PATTERN)
+               .option("startingOffsets", "earliest")
+               .option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
+               .load())
+    writer = (records.writeStream.queryName(NAME)
+              .option("checkpointLocation", str(settings.checkpoints / NAME))
+              .foreachBatch(ChangelogBatch(settings, fence)))
+    writer = writer.trigger(availableNow=True) if once else writer.trigger(
+        processingTime=f"{settings.trigger_seconds} seconds")
+    return writer.start()
+
+
+def as_changelog(records: DataFrame) -> DataFrame:
+    """Kafka records -> changelog rows (pure column expressions, no decoding by type)."""
+    value = F.col("value").cast("string")
+    payload = lambda path: F.get_json_object(value, f"$.payload.{path}")  # noqa: E731
+    commit_lsn, lsn = position_columns(payload("source.sequence"))
+    return records.where(F.col("value").isNotNull()).select(
+        F.concat_ws(".", payload("source.schema"), payload("source.table")).alias("table"),
+        payload("op").alias("_op"),
+        F.get_json_object(F.col("key").cast("string"), "$.payload").alias("key"),
+        payload("before").alias("before"),
+        payload("after").alias("after"),
+        commit_lsn.alias("_commit_lsn"),
+        lsn.alias("_lsn"),
+        payload("source.txId").cast("bigint").alias("_txid"),
+        F.timestamp_micros(payload("source.ts_us").cast("bigint")).alias("_source_ts"),
+        F.col("topic").alias("_topic"),
+        F.col("partition").alias("_partition"),
+        F.col("offset").alias("_offset"),
+        F.col("timestamp").alias("_kafka_ts"),
+        F.current_timestamp().alias("_applied_at"),
+    )
+
+
+class ChangelogBatch:
+    def __init__(self, settings: Settings, fence: Fence):
+        self.settings = settings
+        self.fence = fence
+        self.progress = Progress(settings, NAME)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        spark = batch.sparkSession
+        started = time.time()
+        path = changelog_path(self.settings)
+        ensure_table(spark, path, SCHEMA, {**PROPERTIES, **self.fence.properties})
+        rows = as_changelog(batch)
+        metrics = {}
+
+        def append() -> None:
+            rows.write.format("delta").mode("append").save(path)
+            metrics["rows"] = _rows_written(spark, path)
+
+        commit_batch(spark, NAME, batch_id, append, self.fence, self.settings.fault)
+        self.progress.record(batch_id, {NAME: metrics.get("rows", 0)}, started)
+
+
+def _rows_written(spark: SparkSession, path: str) -> int:
+    """Rows the last commit added, from Delta's own metrics (no second pass over the batch)."""
+    from delta.tables import DeltaTable
+
+    last = DeltaTable.forPath(spark, path).history(1).first()
+    metrics = (last["operationMetrics"] or {}) if last is not None else {}
+    return int(metrics.get("numOutputRows", 0))
+
+
+def check(settings: Settings, spark: SparkSession, conn, target: Target):
+    """verify's comparison for the changelog (see Oracle above)."""
+    from delta.tables import DeltaTable
+
+    from sync.verify import compare
+
+    source = _postgres_keys(conn)
+    if not DeltaTable.isDeltaTable(spark, target.table):
+        return compare(target, source, [], ["table", "key"], ["text", "jsonb"], ["table", "key"])
+    log = spark.read.format("delta").load(target.table)
+    position = F.struct("_commit_lsn", "_lsn", "_offset")
+    truncated = (log.where("_op = 't'").groupBy("table")
+                 .agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("truncated")))
+    latest = (log.where(F.col("_op").isin("c", "u", "r", "d")).groupBy("table", "key")
+              .agg(F.max_by(F.struct("_op", "_commit_lsn", "_lsn"), position).alias("last")))
+    live = (latest.join(truncated, "table", "left")
+            .where((F.col("last._op") != "d") & (F.col("truncated").isNull() | (
+                F.struct("last._commit_lsn", "last._lsn") > F.col("truncated"))))
+            .where(F.col("table").isin(sorted({table for table, _ in source}) or [""]))
+            .select("table", "key"))
+    report = compare(target, source, (tuple(r) for r in live.toLocalIterator()),
+                     ["table", "key"], ["text", "jsonb"], ["table", "key"])
+    repeated = log.groupBy("_topic", "_partition", "_offset").count().where("count > 1").count()
+    if repeated:
+        report.differences += repeated
+        report.error = f"{repeated} Kafka positions appear more than once"
+    return report
+
+
+def _postgres_keys(conn) -> list[tuple[str, str]]:
+    """(schema.table, primary key as JSON) of every row of every captured table."""
+    from sync.config import CAPTURED_SCHEMA
+
+    tables = conn.execute(
+        "SELECT c.relname, array_agg(a.attname ORDER BY k.ord) "
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary "
+        "JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true "
+        "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum "
+        "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') GROUP BY c.relname", (CAPTURED_SCHEMA,)).fetchall()
+    keys = []
+    for table, columns in tables:
+        pairs = ", ".join(f"'{c}', \"{c}\"" for c in columns)
+        keys.extend(conn.execute(f'SELECT %s, json_build_object({pairs})::text FROM {CAPTURED_SCHEMA}."{table}"',
+                                 (f"{CAPTURED_SCHEMA}.{table}",)).fetchall())
+    return keys

@@ -1,0 +1,74 @@
+"""Fencing: two runners of the same projection must never both commit.
+
+A run takes a fencing token, a monotonic epoch per projection, before its queries
+start. Steps of `take`, in order:
+  1. Claim the next epoch by creating `<lake>/_fencing/<projection>/<epoch>` exclusively
+     (O_EXCL: of two runs starting at once, one gets N and the other N+1).
+  2. Stamp the epoch into every existing target table's properties (`lakesync.epoch`).
+     That is a metadata commit: a zombie whose write was already under way when the
+     stamp landed fails Delta's conflict check (MetadataChangedException) instead of
+     committing.
+Before every commit (sync/delta/commit.py) the writer checks that no higher epoch has
+been claimed; a zombie finds one and aborts with `Fenced` before writing.
+
+What is left: a zombie that checks just before a newer run claims its epoch and
+commits just after the stamp. It then commits the batch the offset log fixed for it,
+the same records the newer run replays, which the transaction ids and the newer-than
+guard turn into a no-op. The registry is a local folder: on object storage, claim the
+epoch with a conditional put instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sync.config import Settings
+from sync.errors import Fenced
+
+EPOCH_PROPERTY = "lakesync.epoch"
+
+
+def registry(settings: Settings, projection: str) -> Path:
+    return settings.lake / "_fencing" / projection
+
+
+def latest_epoch(folder: Path) -> int:
+    epochs = [int(p.name) for p in folder.glob("[0-9]*")] if folder.is_dir() else []
+    return max(epochs, default=0)
+
+
+@dataclass(frozen=True)
+class Fence:
+    projection: str
+    epoch: int
+    folder: Path
+
+    def check(self) -> None:
+        newest = latest_epoch(self.folder)
+        if newest > self.epoch:
+            raise Fenced(f"projection {self.projection}: fenced, a newer run holds epoch {newest} "
+                         f"(this run has {self.epoch}); not committing")
+
+    @property
+    def properties(self) -> dict[str, str]:
+        """Table properties a target created by this run starts with."""
+        return {EPOCH_PROPERTY: str(self.epoch)}
+
+
+def take(spark, settings: Settings, projection: str, tables: list[str]) -> Fence:
+    """Claim the next epoch of `projection` and stamp it into its existing `tables`."""
+    folder = registry(settings, projection)
+    folder.mkdir(parents=True, exist_ok=True)
+    epoch = latest_epoch(folder) + 1
+    while True:
+        try:
+            os.close(os.open(folder / f"{epoch:012d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            break
+        except FileExistsError:
+            epoch += 1
+    for table in tables:
+        spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('{EPOCH_PROPERTY}' = '{epoch}')")
+    return Fence(projection, epoch, folder)
+

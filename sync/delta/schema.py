@@ -1,0 +1,128 @@
+"""Schema evolution of a keyed Delta table as its Postgres table changes, with no restart.
+
+The Postgres table's columns arrive with every change event (the envelope's schema), so
+each batch compares them with the Delta table's:
+
+- a column added in Postgres is added to the Delta table. Postgres gives the rows that
+  existed at the ALTER the column's default without logging a change for them, so when
+  Debezium reports a default the rows older than the first event carrying the column
+  are given it. Steps, each safe to repeat after a crash:
+    1. record the pending backfill (columns, defaults, that first position) as a table
+       property `lakesync.backfill`;
+    2. ADD COLUMNS;
+    3. (the batch is merged by the caller);
+    4. `finish_backfill`: UPDATE the rows older than the position to the default, then
+       remove the property. A crash anywhere replays the batch, which finds the property
+       and finishes the backfill. A volatile default (now(), nextval) is not reported
+       by Debezium; such a column stays null in old rows until they change.
+- a type Postgres widened (int -> bigint, numeric(10,2) -> numeric(12,2), real ->
+  double) is widened in place with Delta's type widening (the table then needs a
+  reader that knows the typeWidening feature: Spark with Delta 3.3+, not delta-rs 1.6);
+  varchar(n) -> text needs nothing (both are strings here).
+- any other type change (text -> int, say) cannot be applied to the existing rows:
+  `IncompatibleChange` is raised and the caller stops that table's mirror alone.
+"""
+
+from __future__ import annotations
+
+import json
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from sync.cdc.decode import convert
+from sync.cdc.ordering import position_columns
+from sync.cdc.types import ColumnType
+from sync.delta.merge import ensure_table, newer_than_literal
+
+BACKFILL_PROPERTY = "lakesync.backfill"
+TYPE_WIDENING_PROPERTY = "delta.enableTypeWidening"
+_INTEGRAL = ["tinyint", "smallint", "int", "bigint"]
+
+
+class IncompatibleChange(Exception):
+    """A column's type changed in a way the existing Delta rows cannot follow."""
+
+
+def widens(old: T.DataType, new: T.DataType) -> bool:
+    """Whether Delta's type widening can turn `old` into `new` without loss."""
+    o, n = old.simpleString(), new.simpleString()
+    if o in _INTEGRAL and n in _INTEGRAL:
+        return _INTEGRAL.index(n) > _INTEGRAL.index(o)
+    if (o, n) == ("float", "double"):
+        return True
+    if isinstance(old, T.DecimalType) and isinstance(new, T.DecimalType):
+        return new.scale >= old.scale and new.precision - new.scale >= old.precision - old.scale
+    return False
+
+
+def evolve(spark: SparkSession, path: str, columns: list[ColumnType], provenance_ddl: str,
+           records: DataFrame, properties: dict[str, str]) -> DeltaTable:
+    """The Delta table at `path`, brought to the batch's columns (steps 1-2 above).
+
+    `records` are this table's Kafka records in the batch (to find where a new column
+    first appears)."""
+    ddl = ", ".join([c.ddl() for c in columns] + [provenance_ddl])
+    if not DeltaTable.isDeltaTable(spark, path):
+        return ensure_table(spark, path, ddl, properties)
+    table = DeltaTable.forPath(spark, path)
+    present = {f.name: f.dataType for f in table.toDF().schema.fields}
+    wanted = {f.name: f.dataType for f in spark.createDataFrame([], ddl).schema.fields}
+    changed = [name for name, kind in wanted.items() if name in present and present[name] != kind]
+    for name in changed:
+        if not widens(present[name], wanted[name]):
+            raise IncompatibleChange(
+                f"column {name} changed type from {present[name].simpleString()} to "
+                f"{wanted[name].simpleString()}, which the existing rows cannot take")
+    if changed:
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{TYPE_WIDENING_PROPERTY}' = 'true')")
+        for name in changed:
+            spark.sql(f"ALTER TABLE delta.`{path}` ALTER COLUMN `{name}` TYPE {wanted[name].simpleString()}")
+    added = [c for c in columns if c.name not in present]
+    with_default = [c for c in added if c.default is not None]
+    if with_default:
+        first = _first_position_carrying(records, [c.name for c in with_default])
+        pending = {"before": list(first), "defaults": {c.name: c.default for c in with_default}}
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+                  f"('{BACKFILL_PROPERTY}' = '{json.dumps(pending)}')")
+    return ensure_table(spark, path, ddl, properties)
+
+
+def finish_backfill(spark: SparkSession, path: str, columns: list[ColumnType]) -> None:
+    """Step 4: give rows that predate an added column its default, then forget the task."""
+    table = DeltaTable.forPath(spark, path)
+    pending = table.detail().first()["properties"].get(BACKFILL_PROPERTY)
+    if not pending:
+        return
+    task = json.loads(pending)
+    by_name = {c.name: c for c in columns}
+    values = {}
+    for name, default in task["defaults"].items():
+        column = by_name.get(name)
+        if column is not None:
+            parsed = F.from_json(F.lit(json.dumps({"v": json.loads(default)})), f"struct<v: {column.json_type}>")
+            values[f"`{name}`"] = convert(parsed["v"], column)
+    if values:
+        older = f"NOT {newer_than_literal(tuple(task['before']))} AND NOT " \
+                f"(_commit_lsn = {int(task['before'][0])} AND _lsn = {int(task['before'][1])})"
+        table.update(condition=older, set=values)
+    spark.sql(f"ALTER TABLE delta.`{path}` UNSET TBLPROPERTIES ('{BACKFILL_PROPERTY}')")
+
+
+def _first_position_carrying(records: DataFrame, names: list[str]) -> tuple[int, int]:
+    """The earliest source position among records whose row schema has all `names`."""
+    schema = "struct<schema: struct<fields: array<struct<field: string, fields: array<struct<field: string>>>>>>"
+    parsed = F.from_json(F.col("value").cast("string"), schema)
+    after = F.filter(parsed["schema"]["fields"], lambda f: f["field"] == "after")[0]["fields"]
+    carried = F.transform(after, lambda f: f["field"])
+    commit_lsn, lsn = position_columns(F.get_json_object(F.col("value").cast("string"), "$.payload.source.sequence"))
+    has_all = F.lit(True)
+    for name in names:
+        has_all = has_all & F.array_contains(carried, name)
+    row = (records.where(F.col("value").isNotNull() & has_all)
+           .select(F.min(F.struct(commit_lsn.alias("c"), lsn.alias("l"))).alias("p")).first())
+    if row is None or row["p"] is None or row["p"]["l"] is None:
+        raise IncompatibleChange(f"cannot find the first event carrying the new column(s) {names}")
+    return int(row["p"]["c"]), int(row["p"]["l"])
