@@ -133,27 +133,27 @@ class MirrorBatch:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession  # this query's own session (its txn tags stay here)
         started = time.time()
-        records = batch.where(F.col("value").isNotNull()).persist()
-        try:
-            applied, stopped, dead = {}, {}, []
-            for number, table in enumerate(self._tables(records)):
-                if number == 1:
-                    crash_point("between_tables", self.settings.fault)
-                these = records.where(F.col("topic") == table["topic"])
-                try:
-                    applied[table["name"]], failed = self._apply_table(spark, these, table, batch_id)
-                except IncompatibleChange as error:
-                    stopped[table["name"]] = f"mirror stopped: {error}"
-                    failed = _all_records(these, stopped[table["name"]])
-                dead.extend((topic, partition, offset, table["name"], error)
-                            for topic, partition, offset, error in failed)
-            deadletters.write(spark, self.settings, NAME, batch_id, records, dead, self.fence)
-            dead_by_table: dict[str, int] = {}
-            for *_, table_name, _error in dead:
-                dead_by_table[table_name] = dead_by_table.get(table_name, 0) + 1
-            self.progress.record(batch_id, applied, started, dead_by_table, stopped)
-        finally:
-            records.unpersist()
+        # Read from Kafka once and kept for every pass below. A local checkpoint, not a
+        # cache: MERGE refuses a source with cached parts unless it copies the source
+        # first (spark.databricks.delta.merge.materializeSource, sync/spark.py).
+        records = batch.where(F.col("value").isNotNull()).localCheckpoint(eager=True)
+        applied, stopped, dead = {}, {}, []
+        for number, table in enumerate(self._tables(records)):
+            if number == 1:
+                crash_point("between_tables", self.settings.fault)
+            these = records.where(F.col("topic") == table["topic"])
+            try:
+                applied[table["name"]], failed = self._apply_table(spark, these, table, batch_id)
+            except IncompatibleChange as error:
+                stopped[table["name"]] = f"mirror stopped: {error}"
+                failed = _all_records(these, stopped[table["name"]])
+            dead.extend((topic, partition, offset, table["name"], error)
+                        for topic, partition, offset, error in failed)
+        deadletters.write(spark, self.settings, NAME, batch_id, records, dead, self.fence)
+        dead_by_table: dict[str, int] = {}
+        for *_, table_name, _error in dead:
+            dead_by_table[table_name] = dead_by_table.get(table_name, 0) + 1
+        self.progress.record(batch_id, applied, started, dead_by_table, stopped)
 
     def _tables(self, records: DataFrame) -> list[dict]:
         """Per topic in the batch: latest value and key schema, latest truncate position,
@@ -196,8 +196,8 @@ class MirrorBatch:
             return 0, _all_records(records, f"table {table['name']} has no primary key; mirrors need one")
         columns: list[ColumnType] = table["columns"]
         properties = {KEYS_PROPERTY: ",".join(keys), **self.fence.properties}
-        target = evolve(spark, path, columns, PROVENANCE_DDL, records, properties)
-        truncated_at = self._truncated_at(spark, path, table["truncated_at"])
+        target, recorded = evolve(spark, path, columns, PROVENANCE_DDL, records, properties)
+        truncated_at = self._truncated_at(spark, path, recorded, table["truncated_at"])
 
         changes = decode_changes(records, columns)
         failed = _refused(changes, keys)
@@ -209,22 +209,20 @@ class MirrorBatch:
         tombstones = tombstone_path(self.settings, table["name"])
         known_dead = (spark.read.format("delta").load(str(tombstones))
                       if DeltaTable.isDeltaTable(spark, str(tombstones)) else None)
-        latest = latest_per_key(still_applicable(good, keys, truncated_at, known_dead), keys).persist()
-        try:
-            metrics = {}
-            commit_batch(spark, f"{NAME}:{table['name']}", batch_id,
-                         lambda: metrics.update(merge_changes(target, latest, keys, table["truncated_at"])),
-                         self.fence, self.settings.fault)
-            if table["deletes"]:
-                key_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in target.toDF().schema.fields
-                                    if f.name in keys or f.name in TOMBSTONE_COLUMNS)
-                dead_keys = ensure_table(spark, str(tombstones), key_ddl, self.fence.properties)
-                commit_batch(spark, f"{NAME}:{table['name']}:tombstones", batch_id,
-                             lambda: record_tombstones(dead_keys, latest, keys), self.fence, self.settings.fault)
-            self._sweep_tombstones(spark, table["name"])
-        finally:
-            latest.unpersist()
-        finish_backfill(spark, path, columns)
+        # Not persisted (see `records`); MERGE computes it from the checkpointed records.
+        latest = latest_per_key(still_applicable(good, keys, truncated_at, known_dead), keys)
+        metrics = {}
+        commit_batch(spark, f"{NAME}:{table['name']}", batch_id,
+                     lambda: metrics.update(merge_changes(target, latest, keys, table["truncated_at"])),
+                     self.fence, self.settings.fault)
+        if table["deletes"]:
+            key_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in target.toDF().schema.fields
+                                if f.name in keys or f.name in TOMBSTONE_COLUMNS)
+            dead_keys = ensure_table(spark, str(tombstones), key_ddl, self.fence.properties)
+            commit_batch(spark, f"{NAME}:{table['name']}:tombstones", batch_id,
+                         lambda: record_tombstones(dead_keys, latest, keys), self.fence, self.settings.fault)
+        self._sweep_tombstones(spark, table["name"])
+        finish_backfill(spark, path, columns, recorded)
         return int(metrics.get("num_affected_rows", 0)), failed
 
     def _recorded_keys(self, spark: SparkSession, path: str) -> list[str] | None:
@@ -234,11 +232,11 @@ class MirrorBatch:
         recorded = DeltaTable.forPath(spark, path).detail().first()["properties"].get(KEYS_PROPERTY, "")
         return [k for k in recorded.split(",") if k]
 
-    def _truncated_at(self, spark: SparkSession, path: str, in_batch) -> tuple[int, int] | None:
+    def _truncated_at(self, spark: SparkSession, path: str, properties: dict[str, str],
+                      in_batch) -> tuple[int, int] | None:
         """The latest truncate the mirror has seen, this batch's included, recorded first so
         a change older than it redelivered in a later batch cannot bring a row back."""
-        recorded = parse_sequence(DeltaTable.forPath(spark, path).detail().first()["properties"]
-                                  .get(TRUNCATED_PROPERTY))
+        recorded = parse_sequence(properties.get(TRUNCATED_PROPERTY))
         latest = max([p for p in (recorded, in_batch) if p is not None], default=None)
         if latest is not None and latest != recorded:
             spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "

@@ -59,15 +59,17 @@ def widens(old: T.DataType, new: T.DataType) -> bool:
 
 
 def evolve(spark: SparkSession, path: str, columns: list[ColumnType], provenance_ddl: str,
-           records: DataFrame, properties: dict[str, str]) -> DeltaTable:
-    """The Delta table at `path`, brought to the batch's columns (steps 1-2 above).
+           records: DataFrame, properties: dict[str, str]) -> tuple[DeltaTable, dict[str, str]]:
+    """The Delta table at `path`, brought to the batch's columns (steps 1-2 above), and
+    its table properties as they were before this batch.
 
     `records` are this table's Kafka records in the batch (to find where a new column
     first appears)."""
     ddl = ", ".join([c.ddl() for c in columns] + [provenance_ddl])
     if not DeltaTable.isDeltaTable(spark, path):
-        return ensure_table(spark, path, ddl, properties)
+        return ensure_table(spark, path, ddl, properties), dict(properties)
     table = DeltaTable.forPath(spark, path)
+    recorded = dict(table.detail().first()["properties"])
     present = {f.name: f.dataType for f in table.toDF().schema.fields}
     wanted = {f.name: f.dataType for f in spark.createDataFrame([], ddl).schema.fields}
     changed = [name for name, kind in wanted.items() if name in present and present[name] != kind]
@@ -85,17 +87,20 @@ def evolve(spark: SparkSession, path: str, columns: list[ColumnType], provenance
     if with_default:
         first = _first_position_carrying(records, [c.name for c in with_default])
         pending = {"before": list(first), "defaults": {c.name: c.default for c in with_default}}
+        recorded[BACKFILL_PROPERTY] = json.dumps(pending)
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
-                  f"('{BACKFILL_PROPERTY}' = '{json.dumps(pending)}')")
-    return ensure_table(spark, path, ddl, properties)
+                  f"('{BACKFILL_PROPERTY}' = '{recorded[BACKFILL_PROPERTY]}')")
+    return ensure_table(spark, path, ddl, properties), recorded
 
 
-def finish_backfill(spark: SparkSession, path: str, columns: list[ColumnType]) -> None:
-    """Step 4: give rows that predate an added column its default, then forget the task."""
-    table = DeltaTable.forPath(spark, path)
-    pending = table.detail().first()["properties"].get(BACKFILL_PROPERTY)
+def finish_backfill(spark: SparkSession, path: str, columns: list[ColumnType],
+                    properties: dict[str, str]) -> None:
+    """Step 4: give rows that predate an added column its default, then forget the task.
+    `properties` are the table's, as `evolve` returned them."""
+    pending = properties.get(BACKFILL_PROPERTY)
     if not pending:
         return
+    table = DeltaTable.forPath(spark, path)
     task = json.loads(pending)
     by_name = {c.name: c for c in columns}
     values = {}
