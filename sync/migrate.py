@@ -6,6 +6,7 @@ from alembic import command
 from alembic.config import Config
 
 from sync.config import ROOT, Settings
+from sync.errors import StackError
 
 
 def sqlalchemy_url(dsn: str) -> str:
@@ -16,4 +17,7 @@ def upgrade(settings: Settings) -> None:
     config = Config()
     config.set_main_option("script_location", str(ROOT / "migrations"))
     config.set_main_option("sqlalchemy.url", sqlalchemy_url(settings.pg_dsn).replace("%", "%%"))
-    command.upgrade(config, "head")
+    try:
+        command.upgrade(config, "head")
+    except RuntimeError as refused:  # a migration's own check, worded for the user
+        raise StackError(f"migrations refused: {refused}") from None

@@ -16,7 +16,7 @@ from projections import all_projections
 from sync import spark as spark_session
 from sync.config import ROOT, Settings
 from sync.delta import fencing
-from sync.errors import LakesyncError, ServiceUnavailable
+from sync.errors import Fenced, LakesyncError, ServiceUnavailable
 from sync.stack.kafka import kafka_ready
 from sync.stack.process import pid_alive, read_pid, spawn, wait_until
 
@@ -51,6 +51,9 @@ def run(settings: Settings, once: bool = False) -> None:
                 if not query.isActive:
                     error = query.exception()
                     if error is not None:
+                        fenced = _raised(error, Fenced)
+                        if fenced:
+                            raise Fenced(fenced)
                         raise RunnerFailed(f"projection {query.name} failed: {_first_line(error)}")
             if all(not q.isActive for q in queries):
                 return
@@ -78,6 +81,15 @@ def _started_or_dead(settings: Settings, pid: int, log) -> bool:
     if not pid_alive(pid):
         raise RunnerFailed(f"the runner exited during start-up; see {log}")
     return read_pid(settings.runner_pidfile) == pid
+
+
+def _raised(error, kind: type) -> str | None:
+    """The message of a `kind` our batch function raised, from the query's error text."""
+    marker = f"{kind.__module__}.{kind.__name__}: "
+    for line in str(getattr(error, "desc", None) or error).splitlines():
+        if line.strip().startswith(marker):
+            return line.strip()[len(marker):]
+    return None
 
 
 def _first_line(error) -> str:

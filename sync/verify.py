@@ -145,8 +145,13 @@ def verify(settings: Settings, spark=None, only: set[str] | None = None) -> list
     is started unless one is given (tests share theirs)."""
     from sync import spark as spark_session
 
+    from psycopg.types.string import TextLoader
+
     reports = []
     with pg_connect(settings) as conn:
+        # JSON as its text: psycopg would turn both SQL NULL and JSON null into None.
+        conn.adapters.register_loader("json", TextLoader)
+        conn.adapters.register_loader("jsonb", TextLoader)
         for projection in all_projections():
             for target in projection.verify_targets(settings, conn):
                 if only is not None and target.name not in only:

@@ -68,7 +68,11 @@ def take(spark, settings: Settings, projection: str, tables: list[str]) -> Fence
             break
         except FileExistsError:
             epoch += 1
+    from delta.tables import DeltaTable
+
     for table in tables:
+        if not DeltaTable.isDeltaTable(spark, table):
+            continue  # created later, with the epoch in its first commit
         spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('{EPOCH_PROPERTY}' = '{epoch}')")
     return Fence(projection, epoch, folder)
 

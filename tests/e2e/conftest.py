@@ -15,6 +15,7 @@ import pytest
 
 from sync import config
 from sync.runner import start_background
+from sync.stack.process import read_pid, stop_pid, wait_until
 from sync.verify import verify
 
 
@@ -69,3 +70,25 @@ def synced(stack, spark):
         assert not bad, json.dumps(bad, indent=2, default=str)
         return {r.name: r for r in reports}
     return check
+
+
+def stop_runner(settings):
+    """Stop the session's background runner (between batches, as SIGTERM does)."""
+    pid = read_pid(settings.runner_pidfile)
+    if pid:
+        stop_pid(pid, timeout=120)
+
+
+def start_runner(settings, fault):
+    """A runner in its own process with LAKESYNC_FAULT set; returns it once it runs.
+    Its output goes to <home>/logs/runner-<fault>.log (see `output`)."""
+    log = settings.logs / f"runner-{fault}.log"
+    env = {**os.environ, "LAKESYNC_FAULT": fault, "PYTHONPATH": str(config.ROOT)}
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "sync", "run"], env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    process.log = log
+    wait_until(lambda: read_pid(settings.runner_pidfile) == process.pid or process.poll() is not None,
+               180, "the faulty runner", log)
+    assert process.poll() is None, f"the runner exited during start-up:\n{log.read_text()[-3000:]}"
+    return process
