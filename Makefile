@@ -7,13 +7,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 JARS   := build/jvm/.resolved
 
-.PHONY: demo test unit e2e venv jars up down clean
+.PHONY: demo test chaos unit e2e venv jars up down clean
 
 demo: venv jars
 	$(BIN)/lakesync demo
 
 test: venv jars
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --ignore=tests/chaos
+
+# Kills and restarts under a workload; its own stack session (.ci/run runs it after test).
+chaos: venv jars
+	$(BIN)/python -m pytest -s tests/chaos
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit

@@ -33,6 +33,7 @@ from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table
 from sync.progress import Progress
+from sync.stream import at_or_after, read_topics, run_batches, start_offsets
 
 NAME = "changelog"
 KIND = "changelog"
@@ -60,18 +61,8 @@ def lag_of(target: Target, lag_by_topic: dict[str, int]) -> int:
 
 
 def start(spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
-    records = (spark.readStream.format("kafka")
-               .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
-               .option("subscribePattern", TOPIC_PATTERN)
-               .option("startingOffsets", "earliest")
-               .option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
-               .load())
-    writer = (records.writeStream.queryName(NAME)
-              .option("checkpointLocation", str(settings.checkpoints / NAME))
-              .foreachBatch(ChangelogBatch(settings, fence)))
-    writer = writer.trigger(availableNow=True) if once else writer.trigger(
-        processingTime=f"{settings.trigger_seconds} seconds")
-    return writer.start()
+    records = read_topics(spark, settings, TOPIC_PATTERN)
+    return run_batches(records, NAME, ChangelogBatch(settings, fence), settings, once)
 
 
 def as_changelog(records: DataFrame) -> DataFrame:
@@ -102,12 +93,15 @@ class ChangelogBatch:
         self.settings = settings
         self.fence = fence
         self.progress = Progress(settings, NAME)
+        self.created = False
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
         started = time.time()
         path = changelog_path(self.settings)
-        ensure_table(spark, path, SCHEMA, {**PROPERTIES, **self.fence.properties})
+        if not self.created:
+            ensure_table(spark, path, SCHEMA, {**PROPERTIES, **self.fence.properties})
+            self.created = True
         rows = as_changelog(batch)
         metrics = {}
 
@@ -137,7 +131,9 @@ def check(settings: Settings, spark: SparkSession, conn, target: Target):
     source = _postgres_keys(conn)
     if not DeltaTable.isDeltaTable(spark, target.table):
         return compare(target, source, [], ["table", "key"], ["text", "jsonb"], ["table", "key"])
-    log = spark.read.format("delta").load(target.table)
+    # After a resnapshot the log has a gap no one can fill: check from the new snapshot on.
+    log = (spark.read.format("delta").load(target.table)
+           .where(at_or_after(start_offsets(settings), "_topic", "_partition", "_offset")))
     position = F.struct("_commit_lsn", "_lsn", "_offset")
     truncated = (log.where("_op = 't'").groupBy("table")
                  .agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("truncated")))

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from functools import reduce
 from pathlib import Path
 
 from delta.tables import DeltaTable
@@ -35,10 +36,11 @@ from sync.delta import deadletters
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
 from sync.delta.merge import (TOMBSTONE_COLUMNS, ensure_table, latest_per_key, merge_changes,
-                              record_tombstones, still_applicable)
+                              record_tombstones, still_applicable, table_properties)
 from sync.delta.schema import IncompatibleChange, evolve, finish_backfill
 from sync.fault import crash_point
 from sync.progress import Progress
+from sync.stream import at_or_after, read_topics, run_batches, start_offsets
 
 NAME = "mirrors"
 KIND = "mirror"
@@ -94,32 +96,23 @@ def lag_of(target: Target, lag_by_topic: dict[str, int]) -> int:
 
 
 def start(spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
-    records = (spark.readStream.format("kafka")
-               .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
-               .option("subscribePattern", TOPIC_PATTERN)
-               .option("startingOffsets", "earliest")
-               .option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
-               .load())
-    apply = MirrorBatch(settings, fence)
-    writer = (records.writeStream.queryName(NAME)
-              .option("checkpointLocation", str(settings.checkpoints / NAME))
-              .foreachBatch(apply))
-    writer = writer.trigger(availableNow=True) if once else writer.trigger(
-        processingTime=f"{settings.trigger_seconds} seconds")
-    return writer.start()
+    records = read_topics(spark, settings, TOPIC_PATTERN)
+    return run_batches(records, NAME, MirrorBatch(settings, fence), settings, once)
 
 
 class MirrorBatch:
     """foreachBatch function: applies one micro-batch to every table it touches.
 
     Steps, in order:
-      1. Per topic in the batch: the table's columns, key and latest truncate.
-      2. Per table, one after the other (crash point `between_tables` after the first):
-         evolve the schema, decode, set aside what cannot be applied, MERGE, record
-         tombstones, finish a pending backfill. Each Delta write is its own idempotent
-         commit (txnAppId `mirrors:<table>`, `mirrors:<table>:tombstones`).
-      3. Append what was set aside to the dead letters (txnAppId `mirrors:dead_letters`).
-      4. Record progress for `status`.
+      1. Per topic in the batch: the table's columns, key and latest truncate (one job).
+      2. Decode every table's changes and find, in one job for all tables, the records
+         that cannot be applied (undecodable, or repeating a source position).
+      3. Per table, one after the other (crash point `between_tables` after the first):
+         evolve the schema, MERGE, record tombstones, finish a pending backfill. Each
+         Delta write is its own idempotent commit (txnAppId `mirrors:<table>`,
+         `mirrors:<table>:tombstones`).
+      4. Append what was set aside to the dead letters (txnAppId `mirrors:dead_letters`).
+      5. Record progress for `status`.
     Spark commits the batch's offsets after this returns; a crash anywhere above replays
     the whole batch, and every write of the replay is skipped or changes nothing.
     """
@@ -128,7 +121,7 @@ class MirrorBatch:
         self.settings = settings
         self.fence = fence
         self.progress = Progress(settings, NAME)
-        self.tombstones_swept: dict[str, float] = {}
+        self.after_resnapshot = at_or_after(start_offsets(settings))
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession  # this query's own session (its txn tags stay here)
@@ -136,19 +129,23 @@ class MirrorBatch:
         # Read from Kafka once and kept for every pass below. A local checkpoint, not a
         # cache: MERGE refuses a source with cached parts unless it copies the source
         # first (spark.databricks.delta.merge.materializeSource, sync/spark.py).
-        records = batch.where(F.col("value").isNotNull()).localCheckpoint(eager=True)
+        records = batch.where(F.col("value").isNotNull() & self.after_resnapshot).localCheckpoint(eager=True)
+        tables = [self._plan(spark, records, table) for table in self._tables(records)]
+        set_aside = _refused(spark, [t for t in tables if t.changes is not None])
         applied, stopped, dead = {}, {}, []
-        for number, table in enumerate(self._tables(records)):
+        for number, table in enumerate(tables):
             if number == 1:
                 crash_point("between_tables", self.settings.fault)
-            these = records.where(F.col("topic") == table["topic"])
+            failed = set_aside.get(table.name, [])
             try:
-                applied[table["name"]], failed = self._apply_table(spark, these, table, batch_id)
+                if table.error:
+                    failed = _all_records(table.records, table.error)
+                elif table.changes is not None:
+                    applied[table.name] = self._apply_table(spark, table, failed, batch_id)
             except IncompatibleChange as error:
-                stopped[table["name"]] = f"mirror stopped: {error}"
-                failed = _all_records(these, stopped[table["name"]])
-            dead.extend((topic, partition, offset, table["name"], error)
-                        for topic, partition, offset, error in failed)
+                stopped[table.name] = f"mirror stopped: {error}"
+                failed = _all_records(table.records, stopped[table.name])
+            dead.extend((topic, partition, offset, table.name, error) for topic, partition, offset, error in failed)
         deadletters.write(spark, self.settings, NAME, batch_id, records, dead, self.fence)
         dead_by_table: dict[str, int] = {}
         for *_, table_name, _error in dead:
@@ -161,7 +158,7 @@ class MirrorBatch:
         value = F.col("value").cast("string")
         key = F.col("key").cast("string")
         op = F.get_json_object(value, "$.payload.op")
-        rows = (records.groupBy("topic").agg(
+        return (records.groupBy("topic").agg(
             F.max_by(F.get_json_object(value, "$.schema"), "offset").alias("value_schema"),
             # A truncate's key is its topic (connectors/: KeyTruncateEvents), not the table's key.
             F.max_by(F.get_json_object(key, "$.schema"),
@@ -170,66 +167,65 @@ class MirrorBatch:
                      F.when(op == "t", F.col("offset"))).alias("truncate_sequence"),
             F.max(op == "d").alias("deletes"),
         ).orderBy("topic").collect())
-        tables = []
-        for r in rows:
-            entry = {"name": table_of(r["topic"]), "topic": r["topic"], "deletes": bool(r["deletes"]),
-                     "truncated_at": parse_sequence(r["truncate_sequence"]), "error": None,
-                     "keys": None, "columns": []}
-            try:
-                entry["columns"] = table_columns(json.loads(r["value_schema"] or "{}"))
-                entry["keys"] = key_columns(json.loads(r["key_schema"])) if r["key_schema"] else None
-            except (ValueError, KeyError, TypeError) as error:
-                entry["error"] = f"cannot read the table's schema: {error}"
-            tables.append(entry)
-        return tables
 
-    def _apply_table(self, spark: SparkSession, records: DataFrame, table: dict,
-                     batch_id: int) -> tuple[int, list[tuple]]:
-        """Apply one table's records; returns (rows affected, records set aside with why)."""
-        if table["error"]:
-            return 0, _all_records(records, table["error"])
-        path = str(mirror_path(self.settings, table["name"]))
-        keys = table["keys"] or self._recorded_keys(spark, path)
-        if keys is None:
-            return 0, []  # only truncates of a table never mirrored: nothing to remove
-        if not keys:
-            return 0, _all_records(records, f"table {table['name']} has no primary key; mirrors need one")
-        columns: list[ColumnType] = table["columns"]
+    def _plan(self, spark: SparkSession, records: DataFrame, row) -> "TablePlan":
+        """What step 3 needs for one table; `error` when none of its records can apply."""
+        name = table_of(row["topic"])
+        plan = TablePlan(name=name, path=str(mirror_path(self.settings, name)),
+                         records=records.where(F.col("topic") == row["topic"]),
+                         deletes=bool(row["deletes"]), truncated_at=parse_sequence(row["truncate_sequence"]))
+        try:
+            plan.columns = table_columns(json.loads(row["value_schema"] or "{}"))
+            plan.keys = key_columns(json.loads(row["key_schema"])) if row["key_schema"] else None
+        except (ValueError, KeyError, TypeError) as error:
+            plan.error = f"cannot read the table's schema: {error}"
+            return plan
+        if plan.keys is None:  # only truncates in this batch: the key the mirror recorded
+            plan.keys = self._recorded_keys(spark, plan.path)
+            if plan.keys is None:
+                return plan  # a table never mirrored was truncated: nothing to remove
+        if not plan.keys:
+            plan.error = f"table {name} has no primary key; mirrors need one"
+            return plan
+        plan.changes = decode_changes(plan.records, plan.columns)
+        return plan
+
+    def _apply_table(self, spark: SparkSession, table: "TablePlan", failed: list[tuple], batch_id: int) -> int:
+        """Step 3 for one table; returns the rows the MERGE affected."""
+        self.fence.check()  # schema changes below commit outside commit_batch
+        keys = table.keys
         properties = {KEYS_PROPERTY: ",".join(keys), **self.fence.properties}
-        target, recorded = evolve(spark, path, columns, PROVENANCE_DDL, records, properties)
-        truncated_at = self._truncated_at(spark, path, recorded, table["truncated_at"])
-
-        changes = decode_changes(records, columns)
-        failed = _refused(changes, keys)
-        good = changes.where(F.col(ERROR).isNull()).drop(ERROR)
+        target, recorded = evolve(spark, table.path, table.columns, PROVENANCE_DDL, table.records, properties)
+        truncated_at = self._truncated_at(spark, table.path, recorded, table.truncated_at)
+        good = table.changes.where(F.col(ERROR).isNull()).drop(ERROR)
         if failed:
             refused = spark.createDataFrame([(t, p, o) for t, p, o, _ in failed],
                                             "_topic string, _partition int, _offset bigint")
             good = good.join(refused, ["_topic", "_partition", "_offset"], "left_anti")
-        tombstones = tombstone_path(self.settings, table["name"])
-        known_dead = (spark.read.format("delta").load(str(tombstones))
-                      if DeltaTable.isDeltaTable(spark, str(tombstones)) else None)
-        # Not persisted (see `records`); MERGE computes it from the checkpointed records.
-        latest = latest_per_key(still_applicable(good, keys, truncated_at, known_dead), keys)
+        tombstones = str(tombstone_path(self.settings, table.name))
+        known_dead = (spark.read.format("delta").load(tombstones)
+                      if DeltaTable.isDeltaTable(spark, tombstones) else None)
+        # Computed once and checkpointed (see `records`): MERGE reads its source twice and
+        # the tombstones once more.
+        latest = latest_per_key(still_applicable(good, keys, truncated_at, known_dead), keys).localCheckpoint()
         metrics = {}
-        commit_batch(spark, f"{NAME}:{table['name']}", batch_id,
-                     lambda: metrics.update(merge_changes(target, latest, keys, table["truncated_at"])),
+        commit_batch(spark, f"{NAME}:{table.name}", batch_id,
+                     lambda: metrics.update(merge_changes(target, latest, keys, table.truncated_at)),
                      self.fence, self.settings.fault)
-        if table["deletes"]:
+        if table.deletes:
             key_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in target.toDF().schema.fields
                                 if f.name in keys or f.name in TOMBSTONE_COLUMNS)
-            dead_keys = ensure_table(spark, str(tombstones), key_ddl, self.fence.properties)
-            commit_batch(spark, f"{NAME}:{table['name']}:tombstones", batch_id,
-                         lambda: record_tombstones(dead_keys, latest, keys), self.fence, self.settings.fault)
-        self._sweep_tombstones(spark, table["name"])
-        finish_backfill(spark, path, columns, recorded)
-        return int(metrics.get("num_affected_rows", 0)), failed
+            ensure_table(spark, tombstones, key_ddl, self.fence.properties)
+            commit_batch(spark, f"{NAME}:{table.name}:tombstones", batch_id,
+                         lambda: record_tombstones(tombstones, latest, keys), self.fence, self.settings.fault)
+        self._sweep_tombstones(spark, table.name)
+        finish_backfill(spark, table.path, table.columns, recorded)
+        return int(metrics.get("num_affected_rows", 0))
 
     def _recorded_keys(self, spark: SparkSession, path: str) -> list[str] | None:
-        """A batch holding only truncates has no row key: use the one the mirror recorded."""
         if not DeltaTable.isDeltaTable(spark, path):
             return None
-        recorded = DeltaTable.forPath(spark, path).detail().first()["properties"].get(KEYS_PROPERTY, "")
+        recorded = table_properties(spark, path).get(KEYS_PROPERTY, "")
         return [k for k in recorded.split(",") if k]
 
     def _truncated_at(self, spark: SparkSession, path: str, properties: dict[str, str],
@@ -245,31 +241,57 @@ class MirrorBatch:
 
     def _sweep_tombstones(self, spark: SparkSession, table: str) -> None:
         """Remove tombstones written longer ago than the horizon, at most once an hour per
-        table. By write time, not source time: a rebuild replaying year-old deletes must
-        keep their tombstones while it replays what came after them."""
+        table (the time of the last sweep is kept with the progress, across restarts). By
+        write time, not source time: a rebuild replaying year-old deletes must keep their
+        tombstones while it replays what came after them."""
         path = str(tombstone_path(self.settings, table))
-        if time.time() - self.tombstones_swept.get(table, 0) < 3600 or not DeltaTable.isDeltaTable(spark, path):
+        swept = self.progress.state.setdefault("tombstones_swept_at", {})
+        if time.time() - swept.get(table, 0) < 3600 or not DeltaTable.isDeltaTable(spark, path):
             return
         horizon = F.expr(f"current_timestamp() - INTERVAL {int(self.settings.tombstone_hours)} HOURS")
         DeltaTable.forPath(spark, path).delete(F.col("_applied_at") < horizon)
-        self.tombstones_swept[table] = time.time()
+        swept[table] = time.time()
 
 
-def _refused(changes: DataFrame, keys: list[str]) -> list[tuple[str, int, int, str]]:
-    """Changes that must not be applied: undecodable ones, and changes that repeat a
-    source position already taken by a different change of the same key (one of them
-    is wrong, and guessing which would be silent loss)."""
-    data = [c for c in changes.columns if c not in PROVENANCE and c not in (UNCHANGED, ERROR)]
-    content = F.xxhash64(*[F.col(f"`{c}`") for c in data], F.col("_op"))
-    offsets = F.struct("_topic", "_partition", "_offset")
-    repeated = (changes.where(F.col(ERROR).isNull())
-                .groupBy(*keys, "_commit_lsn", "_lsn")
-                .agg(F.count_distinct(content).alias("versions"), F.collect_list(offsets).alias("records"))
-                .where("versions > 1")
-                .select(F.explode("records").alias("r"))
-                .select("r.*", F.lit("repeated source position with different content").alias(ERROR)))
-    undecodable = changes.where(F.col(ERROR).isNotNull()).select("_topic", "_partition", "_offset", ERROR)
-    return [tuple(r) for r in undecodable.unionByName(repeated).collect()]
+@dataclass
+class TablePlan:
+    """One table's share of a batch (MirrorBatch step 2)."""
+
+    name: str
+    path: str
+    records: DataFrame
+    deletes: bool
+    truncated_at: tuple[int, int] | None
+    columns: list[ColumnType] = field(default_factory=list)
+    keys: list[str] | None = None
+    changes: DataFrame | None = None   # decoded, with `_error`; None when nothing applies
+    error: str | None = None           # why none of the table's records can apply
+
+
+def _refused(spark: SparkSession, tables: list[TablePlan]) -> dict[str, list[tuple[str, int, int, str]]]:
+    """Per table, the changes that must not be applied, found in one job for the batch:
+    undecodable ones, and changes that repeat a source position already taken by a
+    different change of the same key (one of them is wrong, and guessing which would
+    be silent loss)."""
+    found = []
+    for table in tables:
+        changes = table.changes
+        data = [c for c in changes.columns if c not in PROVENANCE and c not in (UNCHANGED, ERROR)]
+        content = F.xxhash64(*[F.col(f"`{c}`") for c in data], F.col("_op"))
+        offsets = F.struct("_topic", "_partition", "_offset")
+        repeated = (changes.where(F.col(ERROR).isNull())
+                    .groupBy(*table.keys, "_commit_lsn", "_lsn")
+                    .agg(F.count_distinct(content).alias("versions"), F.collect_list(offsets).alias("records"))
+                    .where("versions > 1")
+                    .select(F.explode("records").alias("r"))
+                    .select("r.*", F.lit("repeated source position with different content").alias(ERROR)))
+        undecodable = changes.where(F.col(ERROR).isNotNull()).select("_topic", "_partition", "_offset", ERROR)
+        found.append(undecodable.unionByName(repeated).withColumn("table", F.lit(table.name)))
+    by_table: dict[str, list[tuple[str, int, int, str]]] = {}
+    if found:
+        for row in reduce(DataFrame.unionByName, found).collect():
+            by_table.setdefault(row["table"], []).append((row["_topic"], row["_partition"], row["_offset"], row[ERROR]))
+    return by_table
 
 
 def _all_records(records: DataFrame, error: str) -> list[tuple[str, int, int, str]]:

@@ -85,6 +85,15 @@ def cmd_status(settings, args) -> int:
     return 0 if status.healthy(report) else 1
 
 
+def cmd_resnapshot(settings, args) -> int:
+    from sync.resnapshot import resnapshot
+
+    print("taking a fresh snapshot; the mirrors are rebuilt from it")
+    resnapshot(settings)
+    print("done: start the runner again (`lakesync run`), then `lakesync wait` and `lakesync verify`")
+    return 0
+
+
 def cmd_demo(settings, args) -> int:
     from sync import demo
 
@@ -113,6 +122,8 @@ def parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="compare every projection with its Postgres oracle")
     verify.add_argument("--json", action="store_true")
     verify.set_defaults(func=cmd_verify)
+    sub.add_parser("resnapshot", help="after a lost replication slot: new snapshot, mirrors rebuilt from it"
+                   ).set_defaults(func=cmd_resnapshot)
     return top
 
 

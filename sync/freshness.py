@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from projections import all_projections
+from sync import capture
 from sync.config import CONNECTOR_NAME, HEARTBEAT_TABLE, Settings
 from sync.errors import NotFresh, ServiceUnavailable
 from sync.stack.connect import rest
@@ -124,7 +125,14 @@ def wait(settings: Settings, timeout: float = 120.0) -> float:
     started = time.monotonic()
     deadline = started + timeout
     target_lsn = wal_position_and_touch(settings)
+    checked = 0.0
     while connector_lsn(settings) < target_lsn:
+        if time.monotonic() - checked > 2:  # a broken capture never catches up: say why now
+            checked = time.monotonic()
+            with pg_connect(settings) as conn:
+                broken = capture.problems(settings, conn)
+            if broken:
+                raise NotFresh("capture is broken: " + "; ".join(broken))
         if time.monotonic() > deadline:
             raise NotFresh(f"not fresh after {timeout:.0f}s: Debezium has not captured up to "
                            f"the WAL position of the call (connector {CONNECTOR_NAME})")

@@ -6,8 +6,8 @@ import datetime as dt
 from typing import Any
 
 from projections import all_projections
-from sync import progress
-from sync.config import SLOT, Settings, safe_dsn
+from sync import capture, progress
+from sync.config import Settings, safe_dsn
 from sync.errors import LakesyncError
 from sync.freshness import lags, pg_connect
 from sync.stack.connect import connector_status
@@ -24,10 +24,11 @@ def collect(settings: Settings) -> dict[str, Any]:
     slot_lag = None
     try:
         with pg_connect(settings) as conn:
-            row = conn.execute("SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint "
-                               "FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()
-            slot_lag = int(row[0]) if row and row[0] is not None else None
+            slot = capture.slot_state(conn)
+        # WAL the slot makes Postgres keep (restart_lsn); what is not yet confirmed is lag_bytes.
+        slot_lag = slot.get("retained_bytes")
         components["postgres"] = {"ok": True, "dsn": safe_dsn(settings.pg_dsn)}
+        components["slot"] = slot
     except LakesyncError as error:
         components["postgres"] = {"ok": False, "dsn": safe_dsn(settings.pg_dsn), "error": str(error)}
 
@@ -36,7 +37,9 @@ def collect(settings: Settings) -> dict[str, Any]:
 
     try:
         status = connector_status(settings)
-        tasks = [{"id": t["id"], "state": t["state"]} for t in status.get("tasks", [])]
+        tasks = [{"id": t["id"], "state": t["state"],
+                  **({"error": (t.get("trace") or "").strip().split("\n")[0][:400]} if t["state"] == "FAILED" else {})}
+                 for t in status.get("tasks", [])]
         ok = status["connector"]["state"] == "RUNNING" and bool(tasks) and all(t["state"] == "RUNNING" for t in tasks)
         components["connect"] = {"ok": ok, "url": settings.connect_url, "connector": status["connector"]["state"],
                                  "tasks": tasks}
@@ -79,7 +82,10 @@ def healthy(report: dict[str, Any]) -> bool:
 def render(report: dict[str, Any]) -> str:
     lines = ["component  ok    detail"]
     for name, c in report["components"].items():
-        detail = c.get("error") or c.get("dsn") or c.get("bootstrap") or (
+        failed = [t.get("error") for t in c.get("tasks", []) if t.get("error")]
+        detail = c.get("error") or (failed[0] if failed else None) or c.get("dsn") or c.get("bootstrap") or (
+            f"{c['name']}, wal_status {c.get('wal_status')}, {c.get('retained_bytes')} bytes retained"
+            if name == "slot" else None) or (
             f"connector {c.get('connector')}, tasks {[t['state'] for t in c.get('tasks', [])]}" if name == "connect"
             else f"pid {c.get('pid')}")
         lines.append(f"{name:<10} {'yes' if c['ok'] else 'NO':<5} {detail}")

@@ -5,8 +5,9 @@ checkpoint records which offsets each batch covered, and this commit is idempote
 
 Steps of `commit_batch`, in order:
   1. Tag the session of *this* streaming query with Delta's transaction identifiers:
-     txnAppId = the projection and its table, txnVersion = the batch id. Each query has
-     its own cloned session, so concurrent projections never see each other's tags.
+     txnAppId = the projection and its table, txnVersion = the batch id, and the commit's
+     userMetadata with the run's epoch. Each query has its own cloned session, so
+     concurrent projections never see each other's tags.
   2. Crash point `before_delta_commit`: the table is unchanged; the batch replays.
   3. Fencing (sync/delta/fencing.py): if a newer run of this projection has taken a
      higher epoch, this writer is a zombie and aborts here, before writing.
@@ -35,6 +36,7 @@ Spark then writes the batch's commit marker; only after that does the next batch
 
 from __future__ import annotations
 
+import json
 from typing import Callable
 
 from pyspark.sql import SparkSession
@@ -44,17 +46,20 @@ from sync.fault import crash_point
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+# Recorded in each commit's commitInfo.userMetadata: which run (epoch) wrote it.
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 def commit_batch(session: SparkSession, app_id: str, batch_id: int, write: Callable[[], None],
                  fence: Fence, fault: str = "") -> None:
     session.conf.set(TXN_APP_ID, app_id)
     session.conf.set(TXN_VERSION, str(batch_id))
+    session.conf.set(USER_METADATA, json.dumps({"app_id": app_id, "batch": batch_id, "epoch": fence.epoch}))
     try:
         crash_point("before_delta_commit", fault)
         fence.check()
         write()
         crash_point("after_delta_commit", fault)
     finally:
-        session.conf.unset(TXN_APP_ID)
-        session.conf.unset(TXN_VERSION)
+        for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
+            session.conf.unset(key)

@@ -9,9 +9,11 @@
    inserted; a change that is not newer than the row is ignored (redeliveries, replays).
    A truncate in the batch also removes every target row older than it.
 4. Record the batch's deletes as tombstones (key and source position) in a side table,
-   so the table itself holds only live rows and readers need no filter. Tombstones are
-   removed after a horizon (LAKESYNC_TOMBSTONE_HOURS) longer than the time Kafka keeps
-   a deleted key's older records in a compacted topic (delete.retention.ms, 1 day).
+   so the table itself holds only live rows and readers need no filter. Appended, not
+   merged (a key's latest tombstone is its highest position; an append costs a tenth
+   of a MERGE here). Tombstones are removed after a horizon (LAKESYNC_TOMBSTONE_HOURS)
+   longer than the time Kafka keeps a deleted key's older records in a compacted topic
+   (delete.retention.ms, 1 day).
 The merge condition carries the keys only, so Delta prunes files by key ranges.
 """
 
@@ -81,13 +83,20 @@ def still_applicable(changes: DataFrame, keys: list[str], truncated_at: tuple[in
     if truncated_at is not None:
         rows = rows.where(newer_than_literal(truncated_at))
     if tombstones is not None:
-        dead = tombstones.select(*keys, F.col("_commit_lsn").alias("_dead_commit_lsn"),
-                                 F.col("_lsn").alias("_dead_lsn"))
+        dead = (tombstones.groupBy(*keys).agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("_dead"))
+                .select(*keys, F.col("_dead._commit_lsn").alias("_dead_commit_lsn"),
+                        F.col("_dead._lsn").alias("_dead_lsn")))
         older = (F.col("_commit_lsn") < F.col("_dead_commit_lsn")) | (
             (F.col("_commit_lsn") == F.col("_dead_commit_lsn")) & (F.col("_lsn") < F.col("_dead_lsn")))
         rows = (rows.join(dead, keys, "left").where(F.col("_dead_lsn").isNull() | ~older)
                 .drop("_dead_commit_lsn", "_dead_lsn"))
     return rows
+
+
+def table_properties(spark: SparkSession, path: str) -> dict[str, str]:
+    """The table's properties, from its metadata alone (DeltaTable.detail() would also
+    reconstruct the file list: seconds after each commit here)."""
+    return {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
 
 
 def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
@@ -114,14 +123,10 @@ def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
     return row.asDict() if row is not None else {}
 
 
-def record_tombstones(tombstones: DeltaTable, latest: DataFrame, keys: list[str]) -> None:
-    """Step 4: upsert a tombstone for every key whose latest change in the batch deletes it."""
-    deletes = latest.where("_op = 'd'").select(*keys, *TOMBSTONE_COLUMNS)
-    on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
-    (tombstones.alias("t").merge(deletes.alias("s"), on)
-     .whenMatchedUpdate(condition=newer_than("s", "t"), set={c: f"s.{c}" for c in TOMBSTONE_COLUMNS})
-     .whenNotMatchedInsertAll()
-     .execute())
+def record_tombstones(path: str, latest: DataFrame, keys: list[str]) -> None:
+    """Step 4: append a tombstone for every key whose latest change in the batch deletes it."""
+    (latest.where("_op = 'd'").select(*keys, *TOMBSTONE_COLUMNS)
+     .write.format("delta").mode("append").save(path))
 
 
 def newer_than_literal(position, side: str = "") -> str:

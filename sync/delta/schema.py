@@ -35,7 +35,7 @@ from pyspark.sql import types as T
 from sync.cdc.decode import convert
 from sync.cdc.ordering import position_columns
 from sync.cdc.types import ColumnType
-from sync.delta.merge import ensure_table, newer_than_literal
+from sync.delta.merge import ensure_table, newer_than_literal, table_properties
 
 BACKFILL_PROPERTY = "lakesync.backfill"
 TYPE_WIDENING_PROPERTY = "delta.enableTypeWidening"
@@ -69,7 +69,7 @@ def evolve(spark: SparkSession, path: str, columns: list[ColumnType], provenance
     if not DeltaTable.isDeltaTable(spark, path):
         return ensure_table(spark, path, ddl, properties), dict(properties)
     table = DeltaTable.forPath(spark, path)
-    recorded = dict(table.detail().first()["properties"])
+    recorded = table_properties(spark, path)
     present = {f.name: f.dataType for f in table.toDF().schema.fields}
     wanted = {f.name: f.dataType for f in spark.createDataFrame([], ddl).schema.fields}
     changed = [name for name, kind in wanted.items() if name in present and present[name] != kind]
@@ -90,7 +90,11 @@ def evolve(spark: SparkSession, path: str, columns: list[ColumnType], provenance
         recorded[BACKFILL_PROPERTY] = json.dumps(pending)
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
                   f"('{BACKFILL_PROPERTY}' = '{recorded[BACKFILL_PROPERTY]}')")
-    return ensure_table(spark, path, ddl, properties), recorded
+    if added:
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({', '.join(c.ddl() for c in added)})")
+    if added or changed:
+        table = DeltaTable.forPath(spark, path)
+    return table, recorded
 
 
 def finish_backfill(spark: SparkSession, path: str, columns: list[ColumnType],

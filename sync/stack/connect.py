@@ -85,10 +85,19 @@ class Connect(jvm.JavaService):
             "value.converter=org.apache.kafka.connect.json.JsonConverter",
             "key.converter.schemas.enable=true",
             "value.converter.schemas.enable=true",
+            # Kafka 3.5+ writes a column's default in place of an explicit NULL unless told
+            # not to: a NULL must stay NULL.
+            "key.converter.replace.null.with.default=false",
+            "value.converter.replace.null.with.default=false",
+            # Exactly-once source (KIP-618): each poll's records and its source offsets are
+            # written in one Kafka transaction, so a worker crash neither loses nor
+            # duplicates what the connector had produced. Needs the broker's transaction
+            # log (sync/stack/kafka.py) and read_committed consumers (the projections).
             # Committed source offsets are what `lakesync wait` reads; commit them often.
             "offset.flush.interval.ms=1000",
             f"plugin.path={s.jars / 'plugins'}",
             "topic.creation.enable=true",
+            "exactly.once.source.support=enabled",
             "config.providers=file",
             "config.providers.file.class=org.apache.kafka.common.config.provider.FileConfigProvider",
             "",
@@ -121,6 +130,7 @@ class Connect(jvm.JavaService):
         rest(self.settings, "PUT", f"/connectors/{name}/config", config, timeout=60)
         deadline = time.monotonic() + 90
         state = "unknown"
+        restarted = False
         while time.monotonic() < deadline:
             try:
                 status = connector_status(self.settings)
@@ -130,6 +140,13 @@ class Connect(jvm.JavaService):
             tasks = status.get("tasks", [])
             state = f"connector {status['connector']['state']}, tasks {[t['state'] for t in tasks]}"
             failed = [t for t in tasks if t["state"] == "FAILED"]
+            if failed and not restarted:
+                # `up` starts what is not running: a task that failed (Postgres or Kafka went
+                # away for longer than its retries) gets one restart from its last offset.
+                rest(self.settings, "POST", f"/connectors/{name}/restart?includeTasks=true&onlyFailed=true")
+                restarted = True
+                time.sleep(2)
+                continue
             if failed:
                 trace = (failed[0].get("trace") or "").splitlines()
                 raise StackError(f"Debezium task failed: {trace[0] if trace else 'no trace'}; see {self.log}")

@@ -42,3 +42,11 @@ def test_differences_name_the_keys_with_both_sides():
     assert by_key["2"]["source"]["price"] == "2" and by_key["2"]["target"]["price"] == "9"
     assert by_key["3"]["target"] is None and by_key["4"]["source"] is None
     assert report.source_hash != report.target_hash
+
+
+def test_a_key_held_twice_is_a_difference_even_when_both_copies_are_right():
+    source = rows((1, "1.00"), (2, "2.00"))
+    target = rows((1, "1.00"), (2, "2.00"), (2, "2.00"))
+    report = compare(TARGET, source, target, COLUMNS, TYPES, ["id"])
+    assert report.differences == 1 and report.target_rows == 3
+    assert report.sample == [{"key": {"id": "2"}, "source": None, "target": "duplicate row"}]

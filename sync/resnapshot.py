@@ -1,0 +1,65 @@
+"""Recovery after the replication slot was lost: a fresh snapshot, mirrors rebuilt from it.
+
+When the slot is gone (dropped, or invalidated by Postgres), the changes made while it
+was missing are lost to the log for good. The source tables still hold the truth, so
+the mirrors are rebuilt from a new consistent snapshot. Steps of `resnapshot`, in order:
+  1. Stop the runner: nothing may commit while the mirrors are replaced.
+  2. Stop the connector (Connect's PUT .../stop), so its offsets can be reset.
+  3. Drop what is left of the slot (an invalidated slot cannot be resumed).
+  4. Note the end offset of every captured topic: the new snapshot's records come after.
+     Written to <lake>/_resnapshot.json before anything is reset, so a crash from here on
+     is finished by running `resnapshot` again.
+  5. Reset the connector's source offsets and resume it: with no offsets Debezium
+     creates a new slot and takes an initial snapshot (op r) of every table.
+  6. Reset the mirrors: their tables, tombstones, checkpoint and progress. Started
+     again (`lakesync run`), they read only records after the offsets of step 4, that
+     is the snapshot and what follows it. The changelog keeps its history (with the
+     gap, which no one can fill); its check in `verify` starts at the same offsets.
+  7. Wait until the connector streams again.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+from projections import mirrors
+from sync.config import CONNECTOR_NAME, SLOT, Settings
+from sync.errors import StackError
+from sync.freshness import end_offsets, pg_connect
+from sync.stack.connect import Connect, connector_status, rest
+from sync.stack.process import read_pid, stop_pid
+from sync.stream import note_start_offsets
+
+
+def resnapshot(settings: Settings, say=print) -> None:
+    runner = read_pid(settings.runner_pidfile)
+    if runner:
+        stop_pid(runner, timeout=120)
+        say("  runner               stopped")
+    rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/stop")
+    _wait_for(settings, "STOPPED")
+    say("  connector            stopped")
+    with pg_connect(settings, autocommit=True) as conn:
+        dropped = conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                               "WHERE slot_name = %s AND NOT active", (SLOT,)).fetchall()
+    say(f"  replication slot     {'dropped' if dropped else 'already gone'}")
+    note_start_offsets(settings, end_offsets(settings, mirrors.TOPIC_PATTERN))
+    rest(settings, "DELETE", f"/connectors/{CONNECTOR_NAME}/offsets")
+    rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/resume")
+    say("  connector            offsets reset, snapshotting")
+    for folder in (settings.lake / "mirrors", settings.lake / "tombstones", settings.checkpoints / mirrors.NAME):
+        shutil.rmtree(folder, ignore_errors=True)
+    (settings.progress_dir / f"{mirrors.NAME}.json").unlink(missing_ok=True)
+    say("  mirrors              reset; they rebuild from the snapshot when the runner starts")
+    Connect(settings).register()
+    say("  connector            streaming")
+
+
+def _wait_for(settings: Settings, state: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if connector_status(settings)["connector"]["state"] == state:
+            return
+        time.sleep(0.5)
+    raise StackError(f"the connector did not reach {state} within {timeout:.0f}s")

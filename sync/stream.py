@@ -1,0 +1,79 @@
+"""What every Kafka-fed projection's streaming query shares: how it reads, how it runs.
+
+Each projection is one query with its own checkpoint (<lake>/_checkpoints/<name>) and a
+foreachBatch function that commits idempotently (sync/delta/commit.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from sync.config import Settings
+
+
+def read_topics(spark: SparkSession, settings: Settings, pattern: str) -> DataFrame:
+    """Every topic matching `pattern` (new ones too), from offset zero on first start."""
+    return (spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+            .option("subscribePattern", pattern)
+            # Connect writes in transactions (exactly-once source): read only what committed.
+            .option("kafka.isolation.level", "read_committed")
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
+            .load())
+
+
+def run_batches(records: DataFrame, name: str, apply: Callable[[DataFrame, int], None],
+                settings: Settings, once: bool) -> StreamingQuery:
+    """Start query `name`: availableNow when `once`, else a processing-time trigger."""
+    writer = (records.writeStream.queryName(name)
+              .option("checkpointLocation", str(settings.checkpoints / name))
+              .foreachBatch(apply))
+    writer = writer.trigger(availableNow=True) if once else writer.trigger(
+        processingTime=f"{settings.trigger_seconds} seconds")
+    return writer.start()
+
+
+# -- after a resnapshot (sync/resnapshot.py), state projections start at the new snapshot --
+
+def _resnapshot_file(settings: Settings):
+    return settings.lake / "_resnapshot.json"
+
+
+def note_start_offsets(settings: Settings, offsets: dict[tuple[str, int], int]) -> None:
+    """Record (atomically) the topic offsets the last resnapshot's records come after."""
+    noted: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in offsets.items():
+        noted.setdefault(topic, {})[str(partition)] = offset
+    path = _resnapshot_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"at": time.time(), "offsets": noted}))
+    os.replace(tmp, path)
+
+
+def start_offsets(settings: Settings) -> dict[tuple[str, int], int]:
+    """The offsets noted by the last resnapshot (empty if there was none)."""
+    try:
+        noted = json.loads(_resnapshot_file(settings).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {(topic, int(partition)): int(offset)
+            for topic, partitions in noted["offsets"].items() for partition, offset in partitions.items()}
+
+
+def at_or_after(start: dict[tuple[str, int], int], topic: str = "topic", partition: str = "partition",
+                offset: str = "offset") -> Column:
+    """Predicate on Kafka positions: at or after `start` (a topic not in it: from zero)."""
+    if not start:
+        return F.lit(True)
+    starts = F.create_map(*[part for (t, p), o in start.items() for part in (F.lit(f"{t}#{p}"), F.lit(o))])
+    begin = F.element_at(starts, F.concat_ws("#", F.col(topic), F.col(partition).cast("string")))
+    return F.col(offset) >= F.coalesce(begin, F.lit(0))

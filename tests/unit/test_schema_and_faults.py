@@ -1,0 +1,44 @@
+"""Pure rules behind schema evolution, fencing and the runner's error reports."""
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import types as T
+
+from sync.delta.fencing import Fence, latest_epoch
+from sync.delta.schema import widens
+from sync.errors import Fenced
+from sync.runner import _raised
+
+
+@pytest.mark.parametrize("old, new, ok", [
+    (T.IntegerType(), T.LongType(), True),
+    (T.ShortType(), T.IntegerType(), True),
+    (T.FloatType(), T.DoubleType(), True),
+    (T.DecimalType(10, 2), T.DecimalType(12, 2), True),
+    (T.DecimalType(10, 2), T.DecimalType(14, 4), True),
+    (T.DecimalType(12, 2), T.DecimalType(12, 4), False),   # fewer integer digits
+    (T.LongType(), T.IntegerType(), False),
+    (T.StringType(), T.IntegerType(), False),
+    (T.IntegerType(), T.StringType(), False),
+    (T.DateType(), T.TimestampNTZType(), False),           # needs the timestampNtz feature too
+])
+def test_only_lossless_widenings_are_applied_in_place(old, new, ok):
+    assert widens(old, new) is ok
+
+
+def test_a_fence_is_overtaken_by_any_higher_epoch(tmp_path: Path):
+    fence = Fence("mirrors", 3, tmp_path)
+    (tmp_path / "000000000003").touch()
+    fence.check()
+    (tmp_path / "000000000004").touch()
+    assert latest_epoch(tmp_path) == 4
+    with pytest.raises(Fenced, match="newer run holds epoch 4"):
+        fence.check()
+
+
+def test_the_runner_finds_our_error_inside_sparks_report():
+    text = ("An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):\n"
+            "  File ...\nsync.errors.Fenced: projection mirrors: fenced, a newer run holds epoch 5\n")
+    assert _raised(text, Fenced) == "projection mirrors: fenced, a newer run holds epoch 5"
+    assert _raised("something else", Fenced) is None
