@@ -34,7 +34,10 @@ def canonical(value: Any, pg_type: str) -> Any:
         element = pg_type[:-2] if pg_type.endswith("[]") else "text"
         return [canonical(v, element) for v in value]
     if pg_type in ("numeric", "decimal", "money"):
-        number = Decimal(str(value).replace("$", "").replace(",", ""))
+        try:
+            number = Decimal(str(value).replace("$", "").replace(",", ""))
+        except ArithmeticError:  # not a number at all: compared as text (and differs)
+            return str(value)
         if not number.is_finite():
             return str(number)
         return format(number.normalize(), "f")

@@ -51,6 +51,9 @@ def convert(value: Column, column: ColumnType) -> Column:
     kind = column.convert
     if kind in ("none", "decimal"):
         return value.try_cast(column.delta_type)
+    if kind == "numeric_text":  # Debezium's names for numeric's special values
+        return (F.when(value == "NAN", "NaN").when(value == "POSITIVE_INFINITY", "Infinity")
+                .when(value == "NEGATIVE_INFINITY", "-Infinity").otherwise(value))
     if kind == "timestamptz":
         return F.try_to_timestamp(value)
     if kind == "micros_ntz":

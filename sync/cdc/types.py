@@ -4,6 +4,8 @@ Exactness rules:
 - numeric(p,s) arrives as a string (decimal.handling.mode=string) and becomes
   decimal(p,s). A numeric Spark cannot hold exactly (unconstrained, or more than 38
   digits) stays a string, never a float: losing digits silently is worse than a type.
+  Its special values arrive as NAN / POSITIVE_INFINITY / NEGATIVE_INFINITY and are
+  stored as Postgres writes them: NaN, Infinity, -Infinity.
 - timestamptz arrives as ISO-8601 UTC text and becomes a UTC timestamp (microseconds);
   timestamp without zone arrives as epoch microseconds and becomes timestamp_ntz.
 - date is days since the epoch; time is microseconds since midnight, kept as
@@ -118,7 +120,7 @@ def _decimal(name: str, params: dict[str, str], source_type: str, nullable: bool
     # Postgres reports an unconstrained numeric as length 0 (or 131089).
     if 0 < precision <= SPARK_MAX_PRECISION and 0 <= scale <= precision:
         return ColumnType(name, "string", f"decimal({precision},{scale})", "decimal", nullable)
-    return ColumnType(name, "string", "string", "none", nullable)
+    return ColumnType(name, "string", "string", "numeric_text", nullable)
 
 
 def table_columns(value_schema: dict[str, Any]) -> list[ColumnType]:

@@ -255,3 +255,13 @@ def test_widened_type_is_applied_and_an_incompatible_one_stops_the_mirror(spark,
     letters = spark.read.format("delta").load(deadletters.path(settings)).collect()
     assert [r["offset"] for r in letters] == [2] and "mirror stopped" in letters[0]["error"]
     assert "stopped" in apply.progress.state["tables"]["widgets"]
+
+
+def test_tombstones_older_than_the_horizon_are_swept(spark, settings):
+    settings = dataclasses.replace(settings, tombstone_hours=0)
+    apply = new_batch(spark, settings)
+    apply(batch(spark, [event("c", 1, 10, 11, "a"), event("c", 2, 10, 12, "b")]), 0)
+    apply(batch(spark, [event("d", 1, 20, 21)], 2), 1)
+    path = str(mirrors.tombstone_path(settings, "widgets"))
+    assert spark.read.format("delta").load(path).count() == 0
+    assert DeltaTable.forPath(spark, path).history(1).first()["operation"] == "DELETE"

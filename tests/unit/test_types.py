@@ -25,6 +25,7 @@ def test_numeric_spark_cannot_hold_stays_exact_text():
     unconstrained = column_type(field("x", "string", source_type="NUMERIC", length=0))
     too_wide = column_type(field("y", "string", source_type="NUMERIC", length=50, scale=4))
     assert unconstrained.delta_type == "string" and too_wide.delta_type == "string"
+    assert unconstrained.convert == "numeric_text"  # NAN -> NaN, POSITIVE_INFINITY -> Infinity
 
 
 @pytest.mark.parametrize("semantic,kind,delta,convert", [
