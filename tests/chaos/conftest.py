@@ -1,3 +1,15 @@
-"""The chaos run has its own stack session: `make chaos` (see tests/chaos/test_chaos.py)."""
+"""The chaos run has a stack of its own (`make chaos`): another home and other ports, so
+it never meets the end-to-end session's stack, even when both run at once."""
 
-from tests.e2e.conftest import app_db, db, stack, synced  # noqa: F401  (the same fixtures)
+import os
+
+from sync.config import ROOT
+
+os.environ.update({
+    "LAKESYNC_HOME": str(ROOT / ".stack-chaos"),
+    "LAKESYNC_PG_DSN": "postgresql://lakesync_admin@127.0.0.1:35432/lakesync",
+    "LAKESYNC_KAFKA_BOOTSTRAP": "127.0.0.1:39092",
+    "LAKESYNC_CONNECT_URL": "http://127.0.0.1:38083",
+})
+
+from tests.e2e.conftest import app_db, db, stack, synced  # noqa: E402,F401  (the same fixtures)

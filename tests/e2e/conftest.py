@@ -61,8 +61,8 @@ def synced(stack, spark):
     Returns the verify reports of the named mirrors (all mirrors if none are named)
     and asserts that none differs.
     """
-    def check(*tables):
-        lakesync("wait", "--timeout", "120", check=True)
+    def check(*tables, timeout=180):
+        lakesync("wait", "--timeout", str(timeout), check=True)
         names = {f"mirror.{t}" for t in tables} or None
         reports = verify(stack, spark=spark, only=names)
         assert reports, "verify compared nothing"

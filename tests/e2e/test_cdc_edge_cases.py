@@ -70,7 +70,7 @@ def test_one_transaction_of_fifty_thousand_rows(db, synced):
         db.execute("INSERT INTO public.bulk SELECT g, g * 2, 'row ' || g FROM generate_series(1, 50000) g")
         db.execute("UPDATE public.bulk SET n = n + 1 WHERE id % 7 = 0")
         db.execute("DELETE FROM public.bulk WHERE id % 10 = 0")
-    reports = synced("bulk")
+    reports = synced("bulk", timeout=600)
     assert reports["mirror.bulk"].source_rows == 45000 == reports["mirror.bulk"].target_rows
 
 
