@@ -38,12 +38,13 @@ def test_awkward_values_arrive_exactly(db, synced, spark, stack):
         (3, NULL, 'Infinity', NULL, '2024-10-27 02:30:00 Europe/Berlin', NULL, NULL, NULL, NULL, NULL, NULL, NULL,
          NULL, NULL, NULL, NULL, NULL, NULL),
         (4, NULL, '-Infinity', NULL, '1600-12-31 23:59:59.999999+00', NULL, NULL, NULL, NULL, NULL, 'null', NULL,
-         NULL, NULL, NULL, NULL, NULL, NULL)""")
+         NULL, NULL, NULL, NULL, NULL, NULL),
+        (5, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)""")
     db.execute("UPDATE public.awkward SET id = 10 WHERE id = 1")  # a primary-key change
     db.execute("UPDATE public.awkward SET wide = wide * 2, mood = 'ok' WHERE id = 10")
     synced("awkward")
     rows = {r["id"]: r for r in spark.read.format("delta").load(str(mirrors.mirror_path(stack, "awkward"))).collect()}
-    assert set(rows) == {2, 3, 4, 10}
+    assert set(rows) == {2, 3, 4, 5, 10}
     assert str(rows[10]["wide"]) == "24691357802469135780.246913578024691356"
     assert (rows[2]["free"], rows[3]["free"], rows[4]["free"]) == ("NaN", "Infinity", "-Infinity")
     assert rows[10]["raw"] == b"\x00\xff\x10" and rows[10]["tags"] == ["a", "b c", None]
