@@ -51,8 +51,8 @@ class Workload(threading.Thread):
             except psycopg.OperationalError:
                 self.failed += 1
                 conn = None
-                time.sleep(0.5)
-            time.sleep(self.random.uniform(0.02, 0.2))
+                time.sleep(0.5)  # Postgres is restarting: retry, don't spin
+            time.sleep(self.random.uniform(0.02, 0.2))  # pacing of a client, not a wait for a result
 
     def transaction(self, conn) -> int:
         r, base = self.random, 900000 + self.client * 50000
@@ -79,7 +79,7 @@ def kill_runner(settings) -> None:
     assert pid, "no runner to kill"
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while pid_alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:  # polls the kernel for the exit
         time.sleep(0.2)
     settings.runner_pidfile.unlink(missing_ok=True)
 
@@ -102,7 +102,7 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
     rng.shuffle(faults)
     done = []
     for fault in faults:
-        time.sleep(rng.uniform(3, 12))
+        time.sleep(rng.uniform(3, 12))  # a random moment under load: that is the point
         if fault == "kill":
             kill_runner(stack)
             start_background(stack)
@@ -113,7 +113,7 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
                 start_background(stack)
                 done.append("runner restarted after " + fault)
         done.append(fault)
-    time.sleep(5)
+    time.sleep(5)  # some writes after the last fault, then the barrier below decides
     stop.set()
     for client in clients:
         client.join(timeout=30)
