@@ -44,7 +44,7 @@ def test_a_lost_slot_is_reported_and_a_resnapshot_heals_the_mirrors(db, app_db, 
     assert healed.returncode == 0, healed.stdout + healed.stderr
     start_background(stack)
     app_db.execute("UPDATE customers SET name = 'after the resnapshot' WHERE id = 970010")
-    reports = synced()
+    reports = synced(timeout=900)  # every mirror rebuilds from the new snapshot (minutes here)
     assert reports["mirror.customers"].differences == 0
     assert lakesync("status").returncode == 0
 
