@@ -20,7 +20,7 @@ import pytest
 from sync import config
 from sync.runner import start_background
 from sync.stack import Connect, Kafka, Postgres
-from sync.stack.process import pid_alive, read_pid
+from sync.stack.process import pid_alive, read_pid, wait_until
 from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.chaos
@@ -78,9 +78,7 @@ def kill_runner(settings) -> None:
     pid = read_pid(settings.runner_pidfile)
     assert pid, "no runner to kill"
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while pid_alive(pid) and time.monotonic() < deadline:  # polls the kernel for the exit
-        time.sleep(0.2)
+    wait_until(lambda: not pid_alive(pid), 30, f"the exit of the killed runner (pid {pid})")
     settings.runner_pidfile.unlink(missing_ok=True)
 
 
