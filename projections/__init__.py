@@ -23,6 +23,6 @@ class Target:
 
 
 def all_projections():
-    from projections import changelog, mirrors
+    from projections import changelog, ledger, mirrors
 
-    return [mirrors, changelog]
+    return [mirrors, changelog, ledger]

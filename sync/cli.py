@@ -94,6 +94,51 @@ def cmd_resnapshot(settings, args) -> int:
     return 0
 
 
+def cmd_ledger(settings, args) -> int:
+    """The auditor's commands (sync/ledger/audit.py): they only read the lake."""
+    from sync.ledger import LEDGER, audit
+
+    path = str(settings.lake / LEDGER)
+    if args.action == "verify":
+        problems, summary = audit.verify(path, args.digest)
+        if problems:
+            print(f"ledger verify: BROKEN at {problems[0]}")
+            for more in problems[1:5]:
+                print(f"  also: {more}")
+            return 1
+        covered = f", and unchanged since digest {args.digest}" if args.digest else ""
+        print(f"ledger verify: OK: {summary['entries']} entries in {summary['accounts']} chains "
+              f"recomputed at Delta version {summary['version']}{covered}")
+        return 0
+    if args.action == "digest":
+        digest, summary = audit.digest(path)
+        print(digest)
+        print(f"covers {summary['entries']} entries in {summary['accounts']} chains at Delta version "
+              f"{summary['version']}; keep it where the lake's writers cannot change it", file=sys.stderr)
+        return 0
+    if args.action == "history":
+        if args.version is not None and args.as_of is not None:
+            raise audit.RefusedQuery("give --as-of or --version, not both")
+        entries = audit.history(path, args.account, args.version, args.as_of)
+        print(audit.format_entries(entries) if entries else f"account {args.account} has no entries then")
+        return 0
+    columns, rows = audit.query(settings.lake, args.sql)
+    print("\t".join(columns))
+    for row in rows:
+        print("\t".join("" if v is None else str(v) for v in row))
+    return 0
+
+
+def _timestamp(text: str):
+    from datetime import datetime, timezone
+
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO-8601 time: {text!r} (e.g. 2026-11-22T10:15:00Z)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
 def cmd_demo(settings, args) -> int:
     from sync import demo
 
@@ -124,6 +169,18 @@ def parser() -> argparse.ArgumentParser:
     verify.set_defaults(func=cmd_verify)
     sub.add_parser("resnapshot", help="after a lost replication slot: new snapshot, mirrors rebuilt from it"
                    ).set_defaults(func=cmd_resnapshot)
+    ledger = sub.add_parser("ledger", help="the auditor's commands over the hash-chained ledger (read-only)")
+    actions = ledger.add_subparsers(dest="action", metavar="ACTION", required=True)
+    check = actions.add_parser("verify", help="recompute every chain; exit 1 naming the first broken entry")
+    check.add_argument("--digest", metavar="D", help="also prove nothing covered by digest D has changed")
+    actions.add_parser("digest", help="print the Delta version and a hash over every chain head")
+    history = actions.add_parser("history", help="one account's entries, now or as of a time or version")
+    history.add_argument("account", type=int, metavar="ACCOUNT")
+    history.add_argument("--as-of", type=_timestamp, metavar="TIMESTAMP", help="ISO-8601, UTC unless a zone is given")
+    history.add_argument("--version", type=int, metavar="N", help="a Delta version of the ledger")
+    query = actions.add_parser("query", help='one read-only SQL query over ledger and ledger_balances')
+    query.add_argument("sql", metavar="SQL")
+    ledger.set_defaults(func=cmd_ledger)
     return top
 
 

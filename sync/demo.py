@@ -1,19 +1,23 @@
 """`lakesync demo`: the whole path on the embedded stack, in a few minutes.
 
 up -> seed the demo schema -> start the runner -> a mixed insert/update/delete workload
-(multi-table transactions included) -> `wait` -> a table of Postgres vs Delta row
-counts per table and the verify result. The stack and the runner stay up afterwards.
+(multi-table transactions included) while bank clients move money concurrently through
+the outbox -> `wait` -> a table of Postgres vs Delta row counts per table, the verify
+result, a few ledger lines and `ledger verify`. The stack and the runner stay up.
 """
 
 from __future__ import annotations
 
 import random
 import sys
+import threading
 from decimal import Decimal
 
 import psycopg
+from sqlalchemy import text
+from sqlalchemy.orm import Session
 
-from sync import config, stack
+from sync import bank, config, stack
 from sync.config import ROLES, Settings
 from sync.runner import start_background
 
@@ -37,10 +41,10 @@ def seed(conn: psycopg.Connection, rng: random.Random, customers: int = 200, pro
         conn.cursor().executemany(
             "INSERT INTO products (id, sku, name, price) VALUES (%s, %s, %s, %s)",
             [(i, f"SKU-{i:05d}", f"Product {i}", _price(rng)) for i in range(1, products + 1)])
+        # Balances start at zero: money only ever arrives through the bank (and its events).
         conn.cursor().executemany(
-            "INSERT INTO accounts (id, customer_id, currency, balance) VALUES (%s, %s, %s, %s)",
-            [(i, i, rng.choice(["EUR", "USD"]), Decimal(rng.randint(0, 10_000_00)) / 100)
-             for i in range(1, customers + 1)])
+            "INSERT INTO accounts (id, customer_id, currency) VALUES (%s, %s, %s)",
+            [(i, i, rng.choice(sorted(bank.HOUSE))) for i in range(1, customers + 1)])
     for order_id in range(1, orders + 1):
         place_order(conn, rng, order_id, rng.randint(1, customers), list(range(1, products + 1)))
 
@@ -61,7 +65,6 @@ def workload(conn: psycopg.Connection, rng: random.Random, operations: int = 500
     (max_order,) = conn.execute("SELECT coalesce(max(id), 0) FROM orders").fetchone()
     customers = [r[0] for r in conn.execute("SELECT id FROM customers ORDER BY id")]
     products = [r[0] for r in conn.execute("SELECT id FROM products ORDER BY id")]
-    accounts = [r[0] for r in conn.execute("SELECT id FROM accounts ORDER BY id")] or [0]
     for _ in range(operations):
         action = rng.random()
         with conn.transaction():
@@ -76,12 +79,68 @@ def workload(conn: psycopg.Connection, rng: random.Random, operations: int = 500
             elif action < 0.80:
                 conn.execute("UPDATE orders SET status = %s, updated_at = now() WHERE id = %s",
                              (rng.choice(STATUSES), rng.randint(1, max_order)))
-            elif action < 0.90:
-                conn.execute("DELETE FROM orders WHERE id = %s", (rng.randint(1, max_order),))
             else:
-                conn.execute("UPDATE accounts SET balance = balance + %s WHERE id = %s",
-                             (Decimal(rng.randint(-5000, 5000)) / 100, rng.choice(accounts)))
+                conn.execute("DELETE FROM orders WHERE id = %s", (rng.randint(1, max_order),))
     return operations
+
+
+def open_accounts(session: Session, rng: random.Random) -> None:
+    """The bank's cash accounts, and an opening deposit for every customer account."""
+    with session.begin():
+        bank.open_house_accounts(session)
+        opened = session.execute(text("SELECT id FROM accounts WHERE id > 0 AND balance = 0 ORDER BY id"))
+        for (account,) in opened.all():
+            bank.deposit(session, account, Decimal(rng.randint(100_00, 5_000_00)) / 100)
+
+
+def bank_clients(settings: Settings, seed: int, clients: int = 3, operations: int = 100) -> dict[str, int]:
+    """`clients` concurrent clients, each doing `operations` bank operations (mostly
+    transfers, hot accounts more often), each operation one transaction. Returns how
+    many committed and how many the bank refused (not enough funds, mixed currencies)."""
+    engine = bank.engine(config.role_dsn(settings, ROLES["app"]))
+    with Session(engine) as session:
+        accounts = [r[0] for r in session.execute(text("SELECT id FROM accounts WHERE id > 0 ORDER BY id"))]
+    counts = {"committed": 0, "refused": 0}
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+
+    def client(number: int) -> None:
+        try:
+            operate(number)
+        except BaseException as error:  # re-raised by the caller, not lost with the thread
+            failures.append(error)
+
+    def operate(number: int) -> None:
+        rng = random.Random(seed * 100 + number)
+        hot = accounts[:10]  # skew: a few accounts take a third of the traffic
+        with Session(engine) as session:
+            for _ in range(operations):
+                pick = lambda: rng.choice(hot if rng.random() < 0.33 else accounts)  # noqa: E731
+                amount = Decimal(rng.randint(1, 200_00)) / 100
+                action = rng.random()
+                try:
+                    with session.begin():
+                        if action < 0.7:
+                            bank.transfer(session, pick(), pick(), amount)
+                        elif action < 0.85:
+                            bank.deposit(session, pick(), amount)
+                        else:
+                            bank.withdraw(session, pick(), amount)
+                    outcome = "committed"
+                except bank.Refused:
+                    outcome = "refused"
+                with lock:
+                    counts[outcome] += 1
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    engine.dispose()
+    if failures:
+        raise failures[0]
+    return counts
 
 
 def _price(rng: random.Random) -> Decimal:
@@ -95,30 +154,48 @@ def _bio(rng: random.Random, i: int) -> str:
 
 def main(settings: Settings) -> int:
     from sync import freshness, verify
+    from sync.ledger import LEDGER, audit
 
-    print(f"1/5 starting the embedded stack in {settings.home}")
+    print(f"1/6 starting the embedded stack in {settings.home}")
     stack.up(settings)
     rng = random.Random(42)
-    print("2/5 seeding the demo schema")
+    print("2/6 seeding the demo schema and opening the bank's accounts")
     with app_connect(settings) as conn:
         conn.autocommit = True
         seed(conn, rng)
-    print("3/5 starting the runner (one Spark driver for every projection)")
+    engine = bank.engine(config.role_dsn(settings, ROLES["app"]))
+    with Session(engine) as session:
+        open_accounts(session, rng)
+    engine.dispose()
+    print("3/6 starting the runner (one Spark driver for every projection)")
     start_background(settings)
-    print("4/5 running a mixed insert/update/delete workload")
+    print("4/6 a mixed insert/update/delete workload, while 3 bank clients move money")
+    bank_run: dict[str, int] = {}
+    clients = threading.Thread(target=lambda: bank_run.update(bank_clients(settings, seed=42)))
+    clients.start()
     with app_connect(settings) as conn:
         conn.autocommit = True
         done = workload(conn, rng)
-    print(f"    {done} transactions committed; waiting until Delta reflects them all")
+    clients.join()
+    print(f"    {done} transactions committed, and {bank_run.get('committed', 0)} bank operations "
+          f"({bank_run.get('refused', 0)} refused by the bank's rules); waiting until Delta reflects them all")
     took = freshness.wait(settings, timeout=600)
     print(f"    fresh after {took:.1f}s")
-    print("5/5 comparing every mirror with Postgres")
+    print("5/6 comparing every projection with Postgres")
     reports = verify.verify(settings)
-    print(f"\n{'table':<16} {'postgres rows':>14} {'delta rows':>11} {'differences':>12}")
+    print(f"\n{'projection':<24} {'postgres rows':>14} {'delta rows':>11} {'differences':>12}")
     for r in reports:
-        print(f"{r.name.split('.', 1)[-1]:<16} {r.source_rows:>14} {r.target_rows:>11} {r.differences:>12}")
+        print(f"{r.name:<24} {r.source_rows:>14} {r.target_rows:>11} {r.differences:>12}")
     ok = all(r.differences == 0 for r in reports)
     print("\nverify: no difference" if ok else "\nverify: DIFFERENCES FOUND (see `lakesync verify`)")
-    print("\nThe stack and the runner stay up: try `lakesync status`, or `lakesync down` to stop.")
+    print("6/6 the ledger, as an auditor sees it")
+    print(audit.format_entries(audit.history(str(settings.lake / LEDGER), 1)[-4:]))
+    problems, summary = audit.verify(str(settings.lake / LEDGER))
+    print(f"ledger verify: {'OK' if not problems else 'BROKEN: ' + problems[0]} "
+          f"({summary.get('entries', 0)} entries in {summary.get('accounts', 0)} chains, "
+          f"Delta version {summary['version']})")
+    print("\nThe stack and the runner stay up: try `lakesync status`, `lakesync ledger history 1`, "
+          "or `lakesync down` to stop.")
     sys.stdout.flush()
-    return 0 if ok else 1
+    return 0 if ok and not problems else 1
+

@@ -18,7 +18,7 @@ from pyspark.sql.streaming import StreamingQuery
 from sync.config import Settings
 
 
-def read_topics(spark: SparkSession, settings: Settings, pattern: str) -> DataFrame:
+def read_topics(spark: SparkSession, settings: Settings, pattern: str, headers: bool = False) -> DataFrame:
     """Every topic matching `pattern` (new ones too), from offset zero on first start."""
     return (spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
@@ -27,6 +27,7 @@ def read_topics(spark: SparkSession, settings: Settings, pattern: str) -> DataFr
             .option("kafka.isolation.level", "read_committed")
             .option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
+            .option("includeHeaders", str(headers).lower())
             .load())
 
 

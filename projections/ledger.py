@@ -1,0 +1,308 @@
+"""The ledger: every posting event of the bank, appended once, hash-chained per account.
+
+Input:  lakesync.events.account, the outbox router's topic for aggregate type `account`
+        (sync/outbox.py, sync/bank.py): one event per posting, keyed by account, with a
+        per-account sequence number assigned in the application's transaction. The
+        topic is never compacted nor deleted by time, so a rebuild reads all of it.
+Key:    the event id. Redelivered events (a Connect crash, a replayed batch) carry the
+        same event id and the same (account, seq), and never make a second entry.
+Target: <lake>/ledger, append-only (`delta.appendOnly=true`: Delta itself refuses
+        UPDATE and DELETE), one row per posting: amount as decimal(20,4), event time
+        (when it happened, from the event), recorded time (its Postgres commit), the
+        provenance (topic, partition, offset, commit LSN, LSN, txid) and the chain:
+        hash = SHA-256(previous hash || canonical entry) (sync/ledger/chain.py).
+        Corrections are new, compensating postings; nothing is ever rewritten.
+        <lake>/ledger_balances: one row per account, the sum of its postings.
+Apply:  per batch, on the driver (a batch of postings is small; the chain is sequential
+        per account anyway), in order:
+          1. Parse each record; one that is not a well-formed posting goes to the dead
+             letters with the reason.
+          2. Per account, in seq order: seq <= the recorded head is a redelivery (its
+             event id must equal the recorded one at that seq, else it is a conflict and
+             a dead letter); head + 1 is new and is chained; anything above leaves a gap
+             (an event is missing) and goes to the dead letters, never chained over.
+          3. Append the new entries, tagged txnAppId `ledger` / batch id (commit.py).
+          4. MERGE the balances of the accounts touched, guarded by each account's
+             last_seq, so a posting is added once even when step 3 was done by a run
+             that crashed before this step.
+        The chain heads are read once per run and then kept on the driver.
+Oracle: verify recomputes every chain, checks that each operation's postings sum to zero,
+        and compares each account's entry count with Postgres' outbox_sequence; the
+        balances must equal the application's `accounts.balance`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from projections import Target
+from sync.cdc.ordering import parse_sequence
+from sync.config import Settings
+from sync.delta import deadletters
+from sync.delta.commit import commit_batch
+from sync.delta.fencing import Fence
+from sync.delta.merge import ensure_table
+from sync.ledger import BALANCES, LEDGER, chain
+from sync.outbox import topic
+from sync.progress import Progress
+from sync.stream import read_topics, run_batches
+
+NAME = "ledger"
+KIND = "ledger"
+AGGREGATE = "account"
+TOPIC_PATTERN = topic(AGGREGATE).replace(".", r"\.")
+SCHEMA = ("event_id string, account bigint, seq bigint, amount decimal(20,4), currency string, "
+          "event_type string, operation string, operation_id string, counterparty bigint, corrects string, "
+          "event_time timestamp, recorded_at timestamp, `_topic` string, `_partition` int, `_offset` bigint, "
+          "`_commit_lsn` bigint, `_lsn` bigint, `_txid` bigint, prev_hash string, hash string, "
+          "`_applied_at` timestamp")
+BALANCES_SCHEMA = "account bigint, currency string, balance decimal(20,4), last_seq bigint, `_applied_at` timestamp"
+# No deletion vectors: nothing is ever deleted, and delta-rs (the auditor's reader) reads
+# the table without them.
+PROPERTIES = {"delta.appendOnly": "true", "delta.enableDeletionVectors": "false"}
+MAX_AMOUNT = Decimal(10) ** 16  # numeric(20,4)
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+BALANCES_ORACLE = (
+    "SELECT a.id AS account, a.currency::text AS currency, a.balance, s.last_seq "
+    "FROM accounts a LEFT JOIN outbox_sequence s "
+    f"ON s.aggregate_type = '{AGGREGATE}' AND s.aggregate_id = a.id::text "
+    "WHERE s.last_seq IS NOT NULL OR a.balance <> 0")
+
+
+def ledger_path(settings: Settings) -> str:
+    return str(settings.lake / LEDGER)
+
+
+def balances_path(settings: Settings) -> str:
+    return str(settings.lake / BALANCES)
+
+
+def targets(settings: Settings) -> list[Target]:
+    return [Target(name=NAME, kind=KIND, table=ledger_path(settings), keys=["event_id"],
+                   source=topic(AGGREGATE)),
+            Target(name=f"{NAME}.balances", kind="balances", table=balances_path(settings), keys=["account"],
+                   oracle_sql=BALANCES_ORACLE, source="accounts")]
+
+
+def verify_targets(settings: Settings, conn) -> list[Target]:
+    return targets(settings)
+
+
+def lag_of(target: Target, lag_by_topic: dict[str, int]) -> int:
+    return sum(lag_by_topic.values())
+
+
+def start(spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
+    records = read_topics(spark, settings, TOPIC_PATTERN, headers=True)
+    return run_batches(records, NAME, LedgerBatch(settings, fence), settings, once)
+
+
+# -- step 1: one Kafka record -> one entry (pure; unit-tested) --
+
+def parse_posting(value: bytes | None, source_header: bytes | None, topic_name: str, partition: int,
+                  offset: int) -> dict[str, Any]:
+    """The ledger entry a record carries (without its hashes); ValueError says why not."""
+    if value is None:
+        raise ValueError("a record without a value on an event topic")
+    try:
+        envelope = json.loads(value)["payload"]
+        event = envelope["payload"]
+        event = json.loads(event) if isinstance(event, str) else event
+        source = json.loads(source_header) if source_header else None
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"not an outbox event ({error})") from None
+    if not isinstance(event, dict) or not isinstance(envelope, dict):
+        raise ValueError("not an outbox event (payload is not an object)")
+    if not isinstance(source, dict):
+        raise ValueError("no `source` header: the connector's outboxSource transform is missing")
+    position = parse_sequence(source.get("sequence"))
+    if position is None or source.get("txId") is None or source.get("ts_us") is None:
+        raise ValueError("the source header has no sequence, txId or ts_us")
+    try:
+        amount = Decimal(str(event["amount"]))
+        account = int(envelope["aggregate_id"])
+        seq = int(envelope["seq"])
+        event_time = datetime.fromisoformat(envelope["occurred_at"]).astimezone(timezone.utc)
+        counterparty = event.get("counterparty")
+        counterparty = int(counterparty) if counterparty is not None else None
+    except (KeyError, ValueError, TypeError, InvalidOperation) as error:
+        raise ValueError(f"malformed posting ({type(error).__name__}: {error})") from None
+    if not amount.is_finite() or amount.as_tuple().exponent < -4 or abs(amount) >= MAX_AMOUNT:
+        raise ValueError(f"amount {event['amount']!r} is not an exact numeric(20,4)")
+    if str(event.get("account", account)) != str(account):
+        raise ValueError(f"payload account {event.get('account')} differs from the aggregate id {account}")
+    currency = event.get("currency")
+    if not isinstance(currency, str) or len(currency) != 3:
+        raise ValueError(f"currency {currency!r} is not a 3-letter code")
+    return {
+        "event_id": str(envelope["event_id"]), "account": account, "seq": seq, "amount": amount,
+        "currency": currency, "event_type": str(envelope.get("event_type")),
+        "operation": event.get("operation"), "operation_id": event.get("operation_id"),
+        "counterparty": counterparty, "corrects": event.get("corrects"),
+        "event_time": event_time,
+        "recorded_at": EPOCH + timedelta(microseconds=int(source["ts_us"])),
+        "_topic": topic_name, "_partition": partition, "_offset": offset,
+        "_commit_lsn": position[0], "_lsn": position[1], "_txid": int(source["txId"]),
+    }
+
+
+# -- steps 2-4 --
+
+class LedgerBatch:
+    def __init__(self, settings: Settings, fence: Fence):
+        self.settings = settings
+        self.fence = fence
+        self.progress = Progress(settings, NAME)
+        self.heads: dict[int, tuple[int, str, str]] | None = None  # account -> (seq, hash, event_id)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        spark = batch.sparkSession
+        started = time.time()
+        ledger, balances = ledger_path(self.settings), balances_path(self.settings)
+        if self.heads is None:
+            ensure_table(spark, ledger, SCHEMA, {**PROPERTIES, **self.fence.properties})
+            ensure_table(spark, balances, BALANCES_SCHEMA, self.fence.properties)
+            self.heads = read_heads(spark, ledger)
+        records = batch.select("key", "value", "topic", "partition", "offset",
+                               F.filter("headers", lambda h: h["key"] == "source")[0]["value"].alias("source"))
+        rows = records.orderBy("topic", "partition", "offset").collect()
+
+        # 1. parse
+        errors: list[tuple[str, int, int, str, str]] = []
+        by_account: dict[int, list[dict]] = {}
+        seen: set[str] = set()
+        for row in rows:
+            try:
+                entry = parse_posting(row["value"], row["source"], row["topic"], row["partition"], row["offset"])
+            except ValueError as error:
+                errors.append((row["topic"], row["partition"], row["offset"], NAME, str(error)))
+                continue
+            if entry["event_id"] not in seen:  # a repeat inside the batch: the first one counts
+                seen.add(entry["event_id"])
+                by_account.setdefault(entry["account"], []).append(entry)
+
+        # 2. sort each account's events into redelivered, new and gapped
+        new: list[dict] = []
+        redelivered: list[dict] = []
+        heads = dict(self.heads)
+        for account, entries in sorted(by_account.items()):
+            seq, prev_hash, _ = heads.get(account, (0, chain.GENESIS, ""))
+            fresh = []
+            for entry in sorted(entries, key=lambda e: e["seq"]):
+                if entry["seq"] <= seq:
+                    redelivered.append(entry)
+                elif entry["seq"] == seq + 1:
+                    fresh.append(entry)
+                    seq += 1
+                else:
+                    errors.append((entry["_topic"], entry["_partition"], entry["_offset"], NAME,
+                                   f"sequence gap: account {account} expected entry {seq + 1}, got {entry['seq']}"))
+            linked = list(chain.link(fresh, prev_hash))
+            if linked:
+                heads[account] = (linked[-1]["seq"], linked[-1]["hash"], linked[-1]["event_id"])
+            new.extend(linked)
+        recorded, conflicts = self._recorded(spark, ledger, redelivered)
+        errors.extend(conflicts)
+
+        # 3. append, 4. balances
+        applied_at = datetime.now(timezone.utc)
+        if new:
+            frame = spark.createDataFrame([{**e, "_applied_at": applied_at} for e in new], SCHEMA)
+            commit_batch(spark, NAME, batch_id, lambda: frame.write.format("delta").mode("append").save(ledger),
+                         self.fence, self.settings.fault)
+        self.heads = heads
+        touched = new + recorded
+        if touched:
+            self._merge_balances(spark, balances, batch_id, touched, applied_at)
+        dead = deadletters.write(spark, self.settings, NAME, batch_id, batch, errors, self.fence)
+        self.progress.record(batch_id, {NAME: len(new), "balances": len({e["account"] for e in touched})},
+                             started, {NAME: dead} if dead else None)
+
+    def _recorded(self, spark: SparkSession, ledger: str, redelivered: list[dict]):
+        """Split redelivered events into those the ledger holds (same event id at that
+        account and seq) and conflicts (another event holds that place)."""
+        if not redelivered:
+            return [], []
+        wanted = spark.createDataFrame([(e["account"], e["seq"]) for e in redelivered], "account bigint, seq bigint")
+        held = {(r["account"], r["seq"]): r["event_id"] for r in
+                spark.read.format("delta").load(ledger).join(wanted, ["account", "seq"])
+                .select("account", "seq", "event_id").collect()}
+        recorded, conflicts = [], []
+        for entry in redelivered:
+            holder = held.get((entry["account"], entry["seq"]))
+            if holder == entry["event_id"]:
+                recorded.append(entry)
+            else:
+                conflicts.append((entry["_topic"], entry["_partition"], entry["_offset"], NAME,
+                                  f"account {entry['account']} entry {entry['seq']} is already event {holder}, "
+                                  f"not {entry['event_id']}"))
+        return recorded, conflicts
+
+    def _merge_balances(self, spark: SparkSession, path: str, batch_id: int, entries: list[dict],
+                        applied_at: datetime) -> None:
+        """Add each posting to its account's balance once: the MERGE only takes postings
+        above the row's last_seq, so a batch replayed after a crash adds nothing twice."""
+        from delta.tables import DeltaTable
+
+        accounts = sorted({e["account"] for e in entries})
+        updated = {r["account"]: (r["balance"], r["last_seq"]) for r in
+                   spark.read.format("delta").load(path).where(F.col("account").isin(accounts)).collect()}
+        currency = {}
+        for entry in sorted(entries, key=lambda e: (e["account"], e["seq"])):
+            balance, last_seq = updated.get(entry["account"], (Decimal(0), 0))
+            if entry["seq"] == last_seq + 1:
+                updated[entry["account"]] = (balance + entry["amount"], entry["seq"])
+            currency[entry["account"]] = entry["currency"]
+        source = spark.createDataFrame(
+            [(account, currency[account], balance, last_seq, applied_at)
+             for account, (balance, last_seq) in updated.items()], BALANCES_SCHEMA)
+
+        def merge() -> None:
+            (DeltaTable.forPath(spark, path).alias("t").merge(source.alias("s"), "t.account = s.account")
+             .whenMatchedUpdateAll(condition="s.last_seq > t.last_seq")
+             .whenNotMatchedInsertAll().execute())
+
+        commit_batch(spark, f"{NAME}:balances", batch_id, merge, self.fence, self.settings.fault)
+
+
+def read_heads(spark: SparkSession, path: str) -> dict[int, tuple[int, str, str]]:
+    """account -> (seq, hash, event_id) of its latest entry."""
+    last = F.max_by(F.struct("seq", "hash", "event_id"), "seq").alias("head")
+    return {r["account"]: tuple(r["head"]) for r in
+            spark.read.format("delta").load(path).groupBy("account").agg(last).collect()}
+
+
+# -- verify --
+
+def check(settings: Settings, spark: SparkSession, conn, target: Target):
+    """verify's comparison for the ledger: each account's entry count against Postgres'
+    outbox_sequence, every chain recomputed, and every operation summing to zero."""
+    from sync.ledger import audit
+    from sync.verify import compare
+
+    expected = conn.execute("SELECT aggregate_id::bigint, last_seq FROM outbox_sequence WHERE aggregate_type = %s",
+                            (AGGREGATE,)).fetchall()
+    try:
+        entries = audit.load(target.table)
+    except audit.NotALedger:
+        entries = []
+    counts: dict[int, int] = {}
+    for entry in entries:
+        counts[entry["account"]] = max(counts.get(entry["account"], 0), entry["seq"])
+    report = compare(target, expected, sorted(counts.items()), ["account", "last_seq"], ["bigint", "bigint"],
+                     ["account"])
+    problems = list(chain.check(entries))
+    unbalanced = audit.unbalanced_operations(entries)
+    if problems or unbalanced:
+        report.differences += len(problems) + len(unbalanced)
+        report.error = "; ".join([str(p) for p in problems[:3]] +
+                                 [f"operation {op} sums to {total}, not 0" for op, total in unbalanced[:3]])
+    return report

@@ -1,0 +1,91 @@
+"""The outbox: an application's events, written in the same transaction as its state.
+
+Instead of writing the database and then a broker (two systems, no shared commit: a
+crash between them loses the event, a retry duplicates it, two writers reorder it), the
+application calls `emit` inside its own transaction. The event becomes one row of the
+`outbox` table and commits or rolls back with the state change. Debezium reads it from
+the WAL, and its Outbox Event Router publishes it to `lakesync.events.<aggregate_type>`,
+keyed by aggregate id, a topic that is never compacted nor deleted by time.
+
+Steps of `emit`, all inside the caller's transaction:
+  1. Take the aggregate's next sequence number: one upsert on `outbox_sequence`, which
+     locks the aggregate's row until the transaction ends, so concurrent writers of one
+     aggregate queue up and the numbers follow commit order with no gap or repeat.
+  2. Insert the outbox row with a fresh event id (UUID): consumers deduplicate on it.
+  3. Delete the row again. The WAL already holds the insert, which is all Debezium
+     needs (the router ignores deletes), and the table stays empty.
+
+This module imports neither Spark nor Delta: applications import it on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+EVENTS_TOPIC_PREFIX = "lakesync.events."  # the router's route.topic.replacement, before the type
+
+_NEXT_SEQ = text(
+    "INSERT INTO outbox_sequence (aggregate_type, aggregate_id, last_seq) VALUES (:type, :id, 1) "
+    "ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET last_seq = outbox_sequence.last_seq + 1 "
+    "RETURNING last_seq")
+_INSERT = text(
+    "INSERT INTO outbox (id, aggregate_type, aggregate_id, seq, event_type, payload, occurred_at) "
+    "VALUES (:id, :type, :aggregate_id, :seq, :event_type, CAST(:payload AS jsonb), :occurred_at)")
+_DELETE = text("DELETE FROM outbox WHERE id = :id")
+
+
+@dataclass(frozen=True)
+class Event:
+    id: uuid.UUID
+    aggregate_type: str
+    aggregate_id: str
+    seq: int
+    event_type: str
+    payload: dict[str, Any]
+    occurred_at: datetime
+
+
+def emit(session: Session, aggregate_type: str, aggregate_id: str | int, event_type: str,
+         payload: dict[str, Any], occurred_at: datetime | None = None) -> Event:
+    """Record one event in the caller's transaction (see the module's steps).
+
+    `payload` is stored as JSON; a Decimal is written as its exact string ("12.50"),
+    never a float. `occurred_at` is when the business event happened (event time); it
+    defaults to now, in UTC.
+    """
+    if not aggregate_type or "." in aggregate_type:
+        raise ValueError(f"aggregate_type must be a non-empty name without dots, not {aggregate_type!r}")
+    aggregate_id = str(aggregate_id)
+    occurred_at = occurred_at or datetime.now(timezone.utc)
+    if occurred_at.tzinfo is None:
+        raise ValueError("occurred_at must carry a time zone (UTC is best)")
+    seq = session.execute(_NEXT_SEQ, {"type": aggregate_type, "id": aggregate_id}).scalar_one()
+    event = Event(uuid.uuid4(), aggregate_type, aggregate_id, seq, event_type, payload, occurred_at)
+    session.execute(_INSERT, {"id": event.id, "type": aggregate_type, "aggregate_id": aggregate_id, "seq": seq,
+                              "event_type": event_type, "payload": json.dumps(payload, default=_exact),
+                              "occurred_at": occurred_at})
+    session.execute(_DELETE, {"id": event.id})
+    return event
+
+
+def topic(aggregate_type: str) -> str:
+    """The Kafka topic an aggregate type's events are published to."""
+    return EVENTS_TOPIC_PREFIX + aggregate_type
+
+
+def _exact(value: Any) -> str:
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
