@@ -1,0 +1,50 @@
+package io.lakesync.connect;
+
+import java.util.Map;
+
+import org.apache.kafka.common.config.ConfigDef;
+import org.apache.kafka.connect.connector.ConnectRecord;
+import org.apache.kafka.connect.data.Struct;
+import org.apache.kafka.connect.transforms.Transformation;
+
+/**
+ * Copies a Debezium change event's {@code source} block into a header named "source".
+ *
+ * <p>Debezium's Outbox Event Router keeps only the outbox row and the record's headers,
+ * so the event's provenance (commit LSN, LSN, transaction id, commit time) would be
+ * lost; the ledger needs it to trace every entry to its Postgres transaction. Kafka's
+ * own HeaderFrom cannot be used: it fails on the tombstone that follows each outbox
+ * delete. Records without a value, or without a source block, pass through unchanged.
+ */
+public class SourceToHeader<R extends ConnectRecord<R>> implements Transformation<R> {
+
+    static final String HEADER = "source";
+
+    @Override
+    public R apply(R record) {
+        if (!(record.value() instanceof Struct)) {
+            return record;
+        }
+        Struct value = (Struct) record.value();
+        if (value.schema().field(HEADER) == null || value.get(HEADER) == null) {
+            return record;
+        }
+        R copy = record.newRecord(record.topic(), record.kafkaPartition(), record.keySchema(), record.key(),
+                record.valueSchema(), record.value(), record.timestamp(), record.headers().duplicate());
+        copy.headers().add(HEADER, value.get(HEADER), value.schema().field(HEADER).schema());
+        return copy;
+    }
+
+    @Override
+    public ConfigDef config() {
+        return new ConfigDef();
+    }
+
+    @Override
+    public void configure(Map<String, ?> configs) {
+    }
+
+    @Override
+    public void close() {
+    }
+}
