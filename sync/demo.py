@@ -95,7 +95,8 @@ def open_accounts(session: Session, rng: random.Random) -> None:
 
 def bank_clients(settings: Settings, seed: int, clients: int = 3, operations: int = 100) -> dict[str, int]:
     """`clients` concurrent clients, each doing `operations` bank operations (mostly
-    transfers, hot accounts more often), each operation one transaction. Returns how
+    transfers, hot accounts more often, now and then the reversal of a transfer), each
+    operation one transaction. Returns how
     many committed and how many the bank refused (not enough funds, or a transfer to itself)."""
     engine = bank.engine(config.role_dsn(settings, ROLES["app"]))
     with Session(engine) as session:
@@ -114,6 +115,7 @@ def bank_clients(settings: Settings, seed: int, clients: int = 3, operations: in
 
     def operate(number: int) -> None:
         rng = random.Random(seed * 100 + number)
+        last_transfer = None
         with Session(engine) as session:
             for _ in range(operations):
                 # Skew: the first few accounts of a currency take a third of the traffic.
@@ -123,8 +125,13 @@ def bank_clients(settings: Settings, seed: int, clients: int = 3, operations: in
                 action = rng.random()
                 try:
                     with session.begin():
-                        if action < 0.7:
-                            bank.transfer(session, pick(), pick(), amount)
+                        if action < 0.05 and last_transfer:  # a correction: a new, compensating operation
+                            bank.reverse(session, *last_transfer)
+                            last_transfer = None
+                        elif action < 0.7:
+                            source, target = pick(), pick()
+                            operation = bank.transfer(session, source, target, amount)
+                            last_transfer = (operation, [bank.Posting(source, -amount), bank.Posting(target, amount)])
                         elif action < 0.85:
                             bank.deposit(session, pick(), amount)
                         else:

@@ -1,10 +1,12 @@
 """The chaos run: faults at random moments under a concurrent workload, then the oracle.
 
-While two clients keep writing multi-table transactions, the runner is killed with
-SIGKILL five times at random moments (restarted each time), and the Connect worker, the
-Kafka broker and Postgres are each restarted once. At the end the barrier and verify
-must show every mirror equal to Postgres, no key held twice, and the changelog holding
-every record once: nothing lost, nothing doubled. The figures go to <home>/chaos.json.
+While two clients keep writing multi-table transactions and a bank client moves money
+through the outbox, the runner is killed with SIGKILL five times at random moments
+(restarted each time), and the Connect worker, the Kafka broker and Postgres are each
+restarted once. At the end the barrier and verify must show every mirror equal to
+Postgres, no key held twice, the changelog holding every record once, and the ledger
+holding every posting once with intact chains and balances equal to Postgres: nothing
+lost, nothing doubled. The figures go to <home>/chaos.json.
 """
 
 import json
@@ -14,10 +16,14 @@ import signal
 import threading
 import time
 
+from decimal import Decimal
+
 import psycopg
 import pytest
+from sqlalchemy import exc, text
+from sqlalchemy.orm import Session
 
-from sync import config
+from sync import bank, config
 from sync.runner import start_background
 from sync.stack import Connect, Kafka, Postgres
 from sync.stack.process import pid_alive, read_pid, wait_until
@@ -74,6 +80,51 @@ class Workload(threading.Thread):
         return 3
 
 
+class BankClient(Workload):
+    """A bank client: transfers, deposits and withdrawals, each one transaction with its
+    outbox events; it retries through Postgres restarts like the others."""
+
+    ACCOUNTS = range(990100, 990110)
+
+    def run(self):
+        engine = bank.engine(config.role_dsn(self.settings, config.ROLES["app"]))
+        while not self.stop_event.is_set():
+            try:
+                with Session(engine) as session, session.begin():
+                    self.operation(session)
+                self.committed += 1
+            except bank.Refused:
+                pass
+            except exc.DBAPIError:
+                self.failed += 1
+                engine.dispose()  # connections to the old Postgres are gone
+                time.sleep(0.5)  # Postgres is restarting: retry, don't spin
+            time.sleep(self.random.uniform(0.02, 0.2))  # pacing of a client, not a wait for a result
+        engine.dispose()
+
+    def operation(self, session) -> None:
+        r = self.random
+        amount = Decimal(r.randint(1, 50_00)) / 100
+        if r.random() < 0.8:
+            bank.transfer(session, r.choice(self.ACCOUNTS), r.choice(self.ACCOUNTS), amount)
+        else:
+            bank.deposit(session, r.choice(self.ACCOUNTS), amount)
+        self.rows += 2  # two postings
+
+    @classmethod
+    def open(cls, settings) -> None:
+        engine = bank.engine(config.role_dsn(settings, config.ROLES["app"]))
+        with Session(engine) as session, session.begin():
+            bank.open_house_accounts(session)
+            for account in cls.ACCOUNTS:
+                session.execute(text("INSERT INTO customers (id, name, email) VALUES (:id, 'chaos bank', :email)"),
+                                {"id": account, "email": f"bank{account}@x"})
+                session.execute(text("INSERT INTO accounts (id, customer_id, currency) VALUES (:id, :id, 'EUR')"),
+                                {"id": account})
+                bank.deposit(session, account, Decimal("1000"))
+        engine.dispose()
+
+
 def kill_runner(settings) -> None:
     pid = read_pid(settings.runner_pidfile)
     assert pid, "no runner to kill"
@@ -92,7 +143,8 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
                    "ON CONFLICT DO NOTHING")
     rng = random.Random(SEED)
     stop = threading.Event()
-    clients = [Workload(stack, client, stop) for client in range(2)]
+    BankClient.open(stack)
+    clients = [Workload(stack, client, stop) for client in range(2)] + [BankClient(stack, 2, stop)]
     for client in clients:
         client.start()
     started = time.monotonic()
@@ -119,6 +171,7 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
     reports = synced()
     figures = {
         "transactions_committed": sum(c.committed for c in clients),
+        "bank_operations_committed": clients[-1].committed,
         "rows_written": sum(c.rows for c in clients),
         "client_errors_during_restarts": sum(c.failed for c in clients),
         "runner_kills": done.count("kill"),
@@ -130,4 +183,5 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
     (stack.home / "chaos.json").write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures, indent=2))
     assert figures["runner_kills"] == KILLS and {"connect", "kafka", "postgres"} <= set(figures["restarts"])
-    assert figures["transactions_committed"] > 0 and figures["differences"] == 0
+    assert figures["transactions_committed"] > 0 and figures["bank_operations_committed"] > 0
+    assert figures["differences"] == 0 and {"ledger", "ledger.balances"} <= set(reports)

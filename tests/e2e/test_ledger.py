@@ -61,6 +61,10 @@ def test_concurrent_transfers_keep_the_books_balanced(stack, bank_open, db, sync
     (emitted,) = db.execute("SELECT sum(last_seq) FROM outbox_sequence WHERE aggregate_type = 'account'").fetchone()
     assert len(entries) == emitted >= 2 * counts["committed"]
     assert sum(e["amount"] for e in entries) == 0
+    # Corrections are new entries that name what they correct, never edits.
+    operations = {e["operation_id"] for e in entries}
+    reversals = [e for e in entries if e["operation"] == "reversal"]
+    assert reversals and all(e["corrects"] in operations for e in reversals)
     assert all(e["_txid"] and e["_commit_lsn"] and e["recorded_at"] >= e["event_time"] for e in entries)
 
 
