@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -50,14 +51,13 @@ from sync.delta import deadletters
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table
-from sync.ledger import BALANCES, LEDGER, chain
+from sync.ledger import AGGREGATE, MAX_AMOUNT, SCALE, balances_path, chain, ledger_path
 from sync.outbox import topic
 from sync.progress import Progress
 from sync.stream import read_topics, run_batches
 
 NAME = "ledger"
 KIND = "ledger"
-AGGREGATE = "account"
 TOPIC_PATTERN = topic(AGGREGATE).replace(".", r"\.")
 SCHEMA = ("event_id string, account bigint, seq bigint, amount decimal(20,4), currency string, "
           "event_type string, operation string, operation_id string, counterparty bigint, corrects string, "
@@ -65,24 +65,20 @@ SCHEMA = ("event_id string, account bigint, seq bigint, amount decimal(20,4), cu
           "`_commit_lsn` bigint, `_lsn` bigint, `_txid` bigint, prev_hash string, hash string, "
           "`_applied_at` timestamp")
 BALANCES_SCHEMA = "account bigint, currency string, balance decimal(20,4), last_seq bigint, `_applied_at` timestamp"
-# No deletion vectors: nothing is ever deleted, and delta-rs (the auditor's reader) reads
-# the table without them.
-PROPERTIES = {"delta.appendOnly": "true", "delta.enableDeletionVectors": "false"}
-MAX_AMOUNT = Decimal(10) ** 16  # numeric(20,4)
+# No deletion vectors on either table: delta-rs, the auditor's reader, cannot read them
+# (nothing is deleted from the ledger; the balances are one small row per account).
+NO_DELETION_VECTORS = {"delta.enableDeletionVectors": "false"}
+# The log is kept (almost) forever: `ledger verify --digest` time-travels to the digest's
+# version, and Delta would otherwise drop log entries older than 30 days.
+PROPERTIES = {"delta.appendOnly": "true", **NO_DELETION_VECTORS,
+              "delta.logRetentionDuration": "interval 36500 days",
+              "delta.checkpointRetentionDuration": "interval 36500 days"}
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 BALANCES_ORACLE = (
     "SELECT a.id AS account, a.currency::text AS currency, a.balance, s.last_seq "
     "FROM accounts a LEFT JOIN outbox_sequence s "
     f"ON s.aggregate_type = '{AGGREGATE}' AND s.aggregate_id = a.id::text "
     "WHERE s.last_seq IS NOT NULL OR a.balance <> 0")
-
-
-def ledger_path(settings: Settings) -> str:
-    return str(settings.lake / LEDGER)
-
-
-def balances_path(settings: Settings) -> str:
-    return str(settings.lake / BALANCES)
 
 
 def targets(settings: Settings) -> list[Target]:
@@ -127,15 +123,16 @@ def parse_posting(value: bytes | None, source_header: bytes | None, topic_name: 
     if position is None or source.get("txId") is None or source.get("ts_us") is None:
         raise ValueError("the source header has no sequence, txId or ts_us")
     try:
+        event_id = str(envelope["event_id"])
         amount = Decimal(str(event["amount"]))
-        account = int(envelope["aggregate_id"])
-        seq = int(envelope["seq"])
+        account = _bigint(envelope["aggregate_id"])
+        seq = _bigint(envelope["seq"])
         event_time = datetime.fromisoformat(envelope["occurred_at"]).astimezone(timezone.utc)
         counterparty = event.get("counterparty")
-        counterparty = int(counterparty) if counterparty is not None else None
+        counterparty = _bigint(counterparty) if counterparty is not None else None
     except (KeyError, ValueError, TypeError, InvalidOperation) as error:
         raise ValueError(f"malformed posting ({type(error).__name__}: {error})") from None
-    if not amount.is_finite() or amount.as_tuple().exponent < -4 or abs(amount) >= MAX_AMOUNT:
+    if not amount.is_finite() or amount != amount.quantize(SCALE) or abs(amount) >= MAX_AMOUNT:
         raise ValueError(f"amount {event['amount']!r} is not an exact numeric(20,4)")
     if str(event.get("account", account)) != str(account):
         raise ValueError(f"payload account {event.get('account')} differs from the aggregate id {account}")
@@ -143,7 +140,7 @@ def parse_posting(value: bytes | None, source_header: bytes | None, topic_name: 
     if not isinstance(currency, str) or len(currency) != 3:
         raise ValueError(f"currency {currency!r} is not a 3-letter code")
     return {
-        "event_id": str(envelope["event_id"]), "account": account, "seq": seq, "amount": amount,
+        "event_id": event_id, "account": account, "seq": seq, "amount": amount,
         "currency": currency, "event_type": str(envelope.get("event_type")),
         "operation": event.get("operation"), "operation_id": event.get("operation_id"),
         "counterparty": counterparty, "corrects": event.get("corrects"),
@@ -152,6 +149,13 @@ def parse_posting(value: bytes | None, source_header: bytes | None, topic_name: 
         "_topic": topic_name, "_partition": partition, "_offset": offset,
         "_commit_lsn": position[0], "_lsn": position[1], "_txid": int(source["txId"]),
     }
+
+
+def _bigint(value) -> int:
+    number = int(value)
+    if not -2 ** 63 <= number < 2 ** 63:
+        raise ValueError(f"{value} does not fit a bigint")
+    return number
 
 
 # -- steps 2-4 --
@@ -169,7 +173,7 @@ class LedgerBatch:
         ledger, balances = ledger_path(self.settings), balances_path(self.settings)
         if self.heads is None:
             ensure_table(spark, ledger, SCHEMA, {**PROPERTIES, **self.fence.properties})
-            ensure_table(spark, balances, BALANCES_SCHEMA, self.fence.properties)
+            ensure_table(spark, balances, BALANCES_SCHEMA, {**NO_DELETION_VECTORS, **self.fence.properties})
             self.heads = read_heads(spark, ledger)
         records = batch.select("key", "value", "topic", "partition", "offset",
                                F.filter("headers", lambda h: h["key"] == "source")[0]["value"].alias("source"))
@@ -192,15 +196,21 @@ class LedgerBatch:
         # 2. sort each account's events into redelivered, new and gapped
         new: list[dict] = []
         redelivered: list[dict] = []
+        placed: dict[tuple[int, int], str] = {}  # (account, seq) -> event id, chained in this batch
         heads = dict(self.heads)
         for account, entries in sorted(by_account.items()):
             seq, prev_hash, _ = heads.get(account, (0, chain.GENESIS, ""))
             fresh = []
             for entry in sorted(entries, key=lambda e: e["seq"]):
-                if entry["seq"] <= seq:
+                if (account, entry["seq"]) in placed:  # two events claim one place in this batch
+                    errors.append((entry["_topic"], entry["_partition"], entry["_offset"], NAME,
+                                   f"account {account} entry {entry['seq']} is already event "
+                                   f"{placed[(account, entry['seq'])]}, not {entry['event_id']}"))
+                elif entry["seq"] <= seq:
                     redelivered.append(entry)
                 elif entry["seq"] == seq + 1:
                     fresh.append(entry)
+                    placed[(account, entry["seq"])] = entry["event_id"]
                     seq += 1
                 else:
                     errors.append((entry["_topic"], entry["_partition"], entry["_offset"], NAME,
@@ -288,12 +298,10 @@ def check(settings: Settings, spark: SparkSession, conn, target: Target):
     from sync.ledger import audit
     from sync.verify import compare
 
-    expected = conn.execute("SELECT aggregate_id::bigint, last_seq FROM outbox_sequence WHERE aggregate_type = %s",
-                            (AGGREGATE,)).fetchall()
-    try:
-        entries = audit.load(target.table)
-    except audit.NotALedger:
-        entries = []
+    expected = conn.execute("SELECT aggregate_id::bigint, last_seq FROM outbox_sequence "
+                            "WHERE aggregate_type = %s AND aggregate_id ~ '^-?[0-9]{1,18}$'", (AGGREGATE,)).fetchall()
+    exists = (Path(target.table) / "_delta_log").is_dir()
+    entries = audit.load(target.table) if exists else []
     counts: dict[int, int] = {}
     for entry in entries:
         counts[entry["account"]] = max(counts.get(entry["account"], 0), entry["seq"])

@@ -27,11 +27,11 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from sync.config import sqlalchemy_url
+from sync.ledger import AGGREGATE, MAX_AMOUNT, SCALE
 from sync.outbox import emit
 
-AGGREGATE = "account"
 HOUSE = {"EUR": -1, "USD": -2}  # the bank's own cash account per currency
-CENT = Decimal("0.0001")
 
 
 class Refused(Exception):
@@ -46,7 +46,7 @@ class Posting:
 
 def engine(dsn: str) -> Engine:
     """An engine for a libpq DSN (postgresql://...), through psycopg 3."""
-    return create_engine(dsn.replace("postgresql://", "postgresql+psycopg://", 1), pool_size=8)
+    return create_engine(sqlalchemy_url(dsn), pool_size=8)
 
 
 def open_house_accounts(session: Session) -> None:
@@ -57,18 +57,20 @@ def open_house_accounts(session: Session) -> None:
 
 
 def deposit(session: Session, account: int, amount: Decimal) -> str:
-    currency = _currency(session, account)
-    return _post(session, "deposit", [Posting(account, amount), Posting(HOUSE[currency], -amount)])
+    house = _house(session, account, amount)
+    return _post(session, "deposit", [Posting(account, amount), Posting(house, -amount)])
 
 
 def withdraw(session: Session, account: int, amount: Decimal) -> str:
-    currency = _currency(session, account)
-    return _post(session, "withdrawal", [Posting(account, -amount), Posting(HOUSE[currency], amount)])
+    house = _house(session, account, amount)
+    return _post(session, "withdrawal", [Posting(account, -amount), Posting(house, amount)])
 
 
 def transfer(session: Session, source: int, target: int, amount: Decimal) -> str:
     if source == target:
         raise Refused("a transfer needs two different accounts")
+    if amount <= 0:
+        raise Refused(f"a transfer moves a positive amount, not {amount}")
     return _post(session, "transfer", [Posting(source, -amount), Posting(target, amount)])
 
 
@@ -77,19 +79,25 @@ def reverse(session: Session, operation_id: str, postings: list[Posting]) -> str
     return _post(session, "reversal", [Posting(p.account, -p.amount) for p in postings], corrects=operation_id)
 
 
-def _currency(session: Session, account: int) -> str:
+def _house(session: Session, account: int, amount: Decimal) -> int:
+    """The bank's cash account on the other side of a deposit or withdrawal."""
+    if amount <= 0:
+        raise Refused(f"a deposit or withdrawal moves a positive amount, not {amount}")
     currency = session.execute(text("SELECT currency FROM accounts WHERE id = :id"), {"id": account}).scalar()
     if currency is None:
         raise Refused(f"no account {account}")
-    return currency
+    if currency not in HOUSE:
+        raise Refused(f"the bank keeps no cash in {currency}")
+    return HOUSE[currency]
 
 
 def _post(session: Session, operation: str, postings: list[Posting], corrects: str | None = None) -> str:
     """Steps 1-3 of the module docstring, for one operation; returns its id."""
     if sum(p.amount for p in postings) != 0:
         raise Refused(f"postings of a {operation} must sum to zero")
-    if any(p.amount.quantize(CENT) != p.amount or p.amount == 0 for p in postings):
-        raise Refused("amounts must be non-zero with at most 4 decimal places")
+    if any(p.amount.quantize(SCALE) != p.amount or p.amount == 0 or abs(p.amount) >= MAX_AMOUNT
+           for p in postings):
+        raise Refused(f"amounts must be non-zero, below {MAX_AMOUNT} and have at most 4 decimal places")
     ids = sorted({p.account for p in postings})
     accounts = {row.id: row for row in session.execute(
         text("SELECT id, currency, balance FROM accounts WHERE id = ANY(:ids) ORDER BY id FOR UPDATE"),

@@ -96,11 +96,11 @@ def cmd_resnapshot(settings, args) -> int:
 
 def cmd_ledger(settings, args) -> int:
     """The auditor's commands (sync/ledger/audit.py): they only read the lake."""
-    from sync.ledger import LEDGER, audit
+    from sync.ledger import audit, balances_path, ledger_path
 
-    path = str(settings.lake / LEDGER)
+    path = ledger_path(settings)
     if args.action == "verify":
-        problems, summary = audit.verify(path, args.digest)
+        problems, summary = audit.verify(path, args.digest, balances_path(settings))
         if problems:
             print(f"ledger verify: BROKEN at {problems[0]}")
             for more in problems[1:5]:
@@ -122,7 +122,7 @@ def cmd_ledger(settings, args) -> int:
         entries = audit.history(path, args.account, args.version, args.as_of)
         print(audit.format_entries(entries) if entries else f"account {args.account} has no entries then")
         return 0
-    columns, rows = audit.query(settings.lake, args.sql)
+    columns, rows = audit.query(settings, args.sql)
     print("\t".join(columns))
     for row in rows:
         print("\t".join("" if v is None else str(v) for v in row))

@@ -161,6 +161,11 @@ def role_dsn(settings: Settings, role: str) -> str:
     return parts._replace(netloc=f"{role}@{host}").geturl()
 
 
+def sqlalchemy_url(dsn: str) -> str:
+    """A libpq DSN (postgresql://...) as a SQLAlchemy URL for psycopg 3."""
+    return "postgresql+psycopg://" + dsn.split("://", 1)[1]
+
+
 def safe_dsn(dsn: str) -> str:
     """The DSN with any password removed, for status output and messages."""
     parts = urlsplit(dsn)

@@ -164,7 +164,7 @@ def _bio(rng: random.Random, i: int) -> str:
 
 def main(settings: Settings) -> int:
     from sync import freshness, verify
-    from sync.ledger import LEDGER, audit
+    from sync.ledger import audit, balances_path, ledger_path
 
     print(f"1/6 starting the embedded stack in {settings.home}")
     stack.up(settings)
@@ -181,12 +181,22 @@ def main(settings: Settings) -> int:
     start_background(settings)
     print("4/6 a mixed insert/update/delete workload, while 3 bank clients move money")
     bank_run: dict[str, int] = {}
-    clients = threading.Thread(target=lambda: bank_run.update(bank_clients(settings, seed=42)))
+    failed: list[BaseException] = []
+
+    def move_money() -> None:
+        try:
+            bank_run.update(bank_clients(settings, seed=42))
+        except BaseException as error:  # re-raised below, not lost with the thread
+            failed.append(error)
+
+    clients = threading.Thread(target=move_money)
     clients.start()
     with app_connect(settings) as conn:
         conn.autocommit = True
         done = workload(conn, rng)
     clients.join()
+    if failed:
+        raise failed[0]
     print(f"    {done} transactions committed, and {bank_run.get('committed', 0)} bank operations "
           f"({bank_run.get('refused', 0)} refused by the bank's rules); waiting until Delta reflects them all")
     took = freshness.wait(settings, timeout=600)
@@ -199,8 +209,8 @@ def main(settings: Settings) -> int:
     ok = all(r.differences == 0 for r in reports)
     print("\nverify: no difference" if ok else "\nverify: DIFFERENCES FOUND (see `lakesync verify`)")
     print("6/6 the ledger, as an auditor sees it")
-    print(audit.format_entries(audit.history(str(settings.lake / LEDGER), 1)[-4:]))
-    problems, summary = audit.verify(str(settings.lake / LEDGER))
+    print(audit.format_entries(audit.history(ledger_path(settings), 1)[-4:]))
+    problems, summary = audit.verify(ledger_path(settings), balances=balances_path(settings))
     print(f"ledger verify: {'OK' if not problems else 'BROKEN: ' + problems[0]} "
           f"({summary.get('entries', 0)} entries in {summary.get('accounts', 0)} chains, "
           f"Delta version {summary['version']})")

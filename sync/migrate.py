@@ -5,12 +5,8 @@ from __future__ import annotations
 from alembic import command
 from alembic.config import Config
 
-from sync.config import ROOT, Settings
+from sync.config import ROOT, Settings, sqlalchemy_url
 from sync.errors import StackError
-
-
-def sqlalchemy_url(dsn: str) -> str:
-    return "postgresql+psycopg://" + dsn.split("://", 1)[1]
 
 
 def upgrade(settings: Settings) -> None:

@@ -5,6 +5,21 @@ writes the ledger and the auditor who checks it, and the auditor reads the Delta
 with delta-rs, so `lakesync ledger ...` starts in a second and only ever reads.
 """
 
-# Where the ledger projection keeps its tables, under the lake (any Delta reader can open them).
-LEDGER = "ledger"
-BALANCES = "ledger_balances"
+from __future__ import annotations
+
+from decimal import Decimal
+
+from sync.config import Settings
+
+AGGREGATE = "account"                # the outbox aggregate type whose events are postings
+SCALE = Decimal("0.0001")            # amounts are numeric(20,4), in Postgres and in Delta
+MAX_AMOUNT = Decimal(10) ** 16
+
+
+def ledger_path(settings: Settings) -> str:
+    """Where the ledger lives (any Delta reader can open it)."""
+    return str(settings.lake / "ledger")
+
+
+def balances_path(settings: Settings) -> str:
+    return str(settings.lake / "ledger_balances")

@@ -5,9 +5,14 @@ an auditor needs nothing but read access to the lake, and the commands answer in
 a second. What each one proves:
 
 - verify: every data file the Delta log lists is there with the size the log recorded,
-  and every account's chain recomputes from its first entry (sequence 1, 2, ... with no
+  every account's chain recomputes from its first entry (sequence 1, 2, ... with no
   gap or repeat, each hash = SHA-256(previous hash || canonical entry), no event id
-  twice). The first entry that fails is named.
+  twice), and each balance in ledger_balances is the sum of its account's entries up
+  to the sequence it records. The first entry that fails is named. Entries cut off at
+  the end of a chain (or a whole last commit removed) leave a shorter, valid chain:
+  only a digest taken before proves their absence. That every operation's postings
+  sum to zero is checked by `lakesync verify`, after the freshness barrier, because a
+  live ledger may hold one posting of an operation whose other is still on its way.
 - digest: a short value (the Delta version and one hash over every chain head) to keep
   somewhere the lake's writers cannot reach. `verify --digest D` later proves that
   nothing D covers has changed: the chains as of D's version recompute to the same
@@ -27,7 +32,8 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from sync.errors import LakesyncError
-from sync.ledger import BALANCES, LEDGER, chain
+from sync.config import Settings
+from sync.ledger import balances_path, chain, ledger_path
 
 
 class NotALedger(LakesyncError):
@@ -55,14 +61,35 @@ def _table(path: str, version: int | None = None, as_of: datetime | None = None)
 
 def load(path: str, version: int | None = None, as_of: datetime | None = None, table=None) -> list[dict]:
     """Every entry, sorted by (account, seq)."""
-    from deltalake.exceptions import DeltaError
+    return _rows(path, table or _table(path, version, as_of), sort=["account", "seq"])
 
-    table = table or _table(path, version, as_of)
+
+def _rows(path: str, table, columns: list[str] | None = None, sort: list[str] | None = None) -> list[dict]:
+    """The rows of the data files `table` (a version of the table at `path`) lists.
+
+    The files are read with pyarrow's own reader, not through delta-rs' pyarrow dataset:
+    that one aborts the interpreter at exit now and then ("terminate called without an
+    active exception", delta-rs #2184). Both tables have no partitions, no deletion
+    vectors and no column mapping, so the files listed are the rows. Spark writes
+    timestamps as INT96 (UTC); they are read back as UTC with microseconds.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = [str(Path(path) / unquote(p)) for p in
+             pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()]
     try:
-        data = table.to_pyarrow_table()
-    except (DeltaError, OSError) as error:
+        parts = [pq.read_table(file, columns=columns) for file in files]
+    except OSError as error:
         raise NotALedger(f"cannot read the ledger's data files: {error}") from None
-    return data.sort_by([("account", "ascending"), ("seq", "ascending")]).to_pylist()
+    if not parts:
+        return []
+    data = pa.concat_tables(parts, promote_options="default")
+    data = data.cast(pa.schema([pa.field(f.name, pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type)
+                                else f for f in data.schema]))
+    if sort:
+        data = data.sort_by([(column, "ascending") for column in sort])
+    return data.to_pylist()
 
 
 def file_problems(path: str, table) -> list[str]:
@@ -89,7 +116,7 @@ def digest_of(version: int, entries: list[dict]) -> str:
     return f"{version}:{chain.heads_digest((a, s, h) for a, (s, h) in heads(entries).items())}"
 
 
-def verify(path: str, digest: str | None = None) -> tuple[list[str], dict]:
+def verify(path: str, digest: str | None = None, balances: str | None = None) -> tuple[list[str], dict]:
     """(problems, summary). No problem means the ledger is intact (see the module docstring)."""
     table = _table(path)
     problems = file_problems(path, table)
@@ -97,6 +124,8 @@ def verify(path: str, digest: str | None = None) -> tuple[list[str], dict]:
         return problems, {"version": table.version()}
     entries = load(path, table=table)
     problems = [str(p) for p in chain.check(entries)]
+    if balances and not problems and os.path.isdir(os.path.join(balances, "_delta_log")):
+        problems = _balance_problems(balances, entries)
     summary = {"version": table.version(), "entries": len(entries), "accounts": len(heads(entries))}
     if digest and not problems:
         problems = _digest_problems(path, digest, entries)
@@ -123,6 +152,26 @@ def _digest_problems(path: str, digest: str, entries: list[dict]) -> list[str]:
     for account, (seq, head) in sorted(heads(then).items()):
         if now.get((account, seq)) != head:
             return [f"account {account}: entry {seq}, a head the digest covers, differs today"]
+    return []
+
+
+def _balance_problems(balances: str, entries: list[dict]) -> list[str]:
+    """Each recorded balance must be its account's entries summed up to its last_seq (the
+    balances may trail the ledger by a batch; they never disagree with it)."""
+    table = _table(balances)
+    problems = file_problems(balances, table)
+    if problems:
+        return problems
+    running: dict[tuple[int, int], Decimal] = {}
+    total: dict[int, Decimal] = {}
+    for entry in entries:
+        total[entry["account"]] = total.get(entry["account"], Decimal(0)) + entry["amount"]
+        running[(entry["account"], entry["seq"])] = total[entry["account"]]
+    for row in _rows(balances, table, columns=["account", "balance", "last_seq"]):
+        expected = running.get((row["account"], row["last_seq"]))
+        if expected != row["balance"]:
+            return [f"ledger_balances: account {row['account']} holds {row['balance']} after entry "
+                    f"{row['last_seq']}, but its entries sum to {expected}"]
     return []
 
 
@@ -174,15 +223,20 @@ def unbalanced_operations(entries: list[dict]) -> list[tuple[str, Decimal]]:
 
 # -- query --
 
-_COMMENT = re.compile(r"--[^\n]*|/\*.*?\*/", re.S)
-_QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
+# Strings, quoted names and comments, in one left-to-right pass (so a '--' inside a string
+# hides nothing); what is left is the statement's structure.
+_LEXEMES = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/", re.S)
 _WRITES = re.compile(r"\b(insert|update|delete|merge|copy|create|drop|alter|truncate|grant|revoke|set|"
                      r"vacuum|optimize|restore|call|execute|attach|install|load)\b", re.I)
 
 
 def read_only(sql: str) -> str:
     """`sql` if it is one SELECT/WITH statement; RefusedQuery saying why otherwise."""
-    bare = _QUOTED.sub("''", _COMMENT.sub(" ", sql))
+    if "$" in sql:
+        raise RefusedQuery("refused: dollar-quoted text is not allowed in an auditor's query")
+    bare = _LEXEMES.sub(lambda m: " " if m.group(0)[0] in "-/" else "''", sql)
+    if "'" in bare.replace("''", "") or '"' in bare:
+        raise RefusedQuery("refused: an unterminated string or quoted name")
     statements = [s for s in bare.split(";") if s.strip()]
     if len(statements) != 1:
         raise RefusedQuery(f"refused: one statement at a time, got {len(statements)}")
@@ -195,18 +249,18 @@ def read_only(sql: str) -> str:
     return sql.strip().rstrip(";")
 
 
-def query(lake: Path, sql: str) -> tuple[list[str], list[tuple]]:
+def query(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
     """Run one read-only query over the ledger tables; (column names, rows)."""
     import pyarrow as pa
     from deltalake import QueryBuilder
 
     statement = read_only(sql)
     builder = QueryBuilder()
-    for name in (LEDGER, BALANCES):
-        if os.path.isdir(lake / name / "_delta_log"):
-            builder = builder.register(name, _table(str(lake / name)))
+    for name, path in (("ledger", ledger_path(settings)), ("ledger_balances", balances_path(settings))):
+        if os.path.isdir(os.path.join(path, "_delta_log")):
+            builder = builder.register(name, _table(path))
     try:
         result = pa.table(builder.execute(statement).read_all())
     except Exception as error:  # DataFusion reports SQL errors as plain exceptions
         raise RefusedQuery(f"query failed: {str(error).strip().splitlines()[0]}") from None
-    return result.column_names, [tuple(row.values()) for row in result.to_pylist()]
+    return result.column_names, list(zip(*(column.to_pylist() for column in result.columns)))

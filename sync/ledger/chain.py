@@ -21,8 +21,9 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Iterable, Iterator
 
+from sync.ledger import SCALE
+
 GENESIS = "0" * 64
-SCALE = Decimal("0.0001")  # numeric(20,4), as in Postgres' accounts.balance
 
 # The columns a hash covers, in the ledger table's order (hash columns come last).
 HASHED = ("event_id", "account", "seq", "amount", "currency", "event_type", "operation", "operation_id",

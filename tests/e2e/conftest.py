@@ -58,12 +58,13 @@ def app_db(stack):
 def synced(stack, spark):
     """Call after writing: the freshness barrier, then verify against Postgres.
 
-    Returns the verify reports of the named mirrors (all mirrors if none are named)
+    Returns the verify reports of the named targets (every target if none is named: a
+    table name means its mirror; `changelog`, `ledger`, `ledger.balances` are themselves)
     and asserts that none differs.
     """
     def check(*tables, timeout=180):
         lakesync("wait", "--timeout", str(timeout), check=True)
-        names = {f"mirror.{t}" for t in tables} or None
+        names = {t if t.startswith(("changelog", "ledger")) else f"mirror.{t}" for t in tables} or None
         reports = verify(stack, spark=spark, only=names)
         assert reports, "verify compared nothing"
         bad = [r.as_json() for r in reports if r.differences]

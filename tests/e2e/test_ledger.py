@@ -25,7 +25,7 @@ from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.e2e
 
-CUSTOMERS = range(5000, 5012)
+CUSTOMERS = range(660000, 660012)  # keys no other test uses
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,8 @@ def test_concurrent_transfers_keep_the_books_balanced(stack, bank_open, db, sync
     assert counts["committed"] > 180, counts  # refused: a transfer to itself, or not enough funds
     # Double entry: every posting has its opposite, so all balances together stay at zero.
     assert db.execute("SELECT sum(balance) FROM accounts").fetchone()[0] == 0
-    reports = synced()  # per account: entries and balance equal Postgres; chains and operations check
+    # Per account: entries and balance equal Postgres; chains and operations check.
+    reports = synced("accounts", "outbox_sequence", "ledger", "ledger.balances")
     assert reports["ledger"].source_rows >= 14 and reports["ledger.balances"].source_rows >= 14
     entries = audit.load(ledger.ledger_path(stack))
     (emitted,) = db.execute("SELECT sum(last_seq) FROM outbox_sequence WHERE aggregate_type = 'account'").fetchone()
@@ -85,6 +86,8 @@ def test_the_auditor_commands_only_read(stack, bank_open, synced):
     counted = lakesync("ledger", "query", f"SELECT count(*) AS n FROM ledger WHERE account = {account}",
                        env=auditor, check=True)
     assert int(counted.stdout.splitlines()[1]) == len(history.stdout.splitlines()) - 1
+    total = lakesync("ledger", "query", "SELECT sum(balance) AS total FROM ledger_balances", env=auditor, check=True)
+    assert Decimal(total.stdout.splitlines()[1]) == 0  # double entry, read by the auditor's reader
     refused = lakesync("ledger", "query", "DELETE FROM ledger", env=auditor)
     assert refused.returncode == 2 and "only SELECT or WITH" in refused.stderr
     assert ledger_files(stack) == before  # the auditor's commands wrote nothing
@@ -111,7 +114,7 @@ def test_a_redelivered_event_makes_no_second_entry(stack, bank_open, synced):
     producer = Producer({"bootstrap.servers": stack.kafka_bootstrap})
     producer.produce(record.topic(), key=record.key(), value=record.value(), headers=record.headers())
     assert producer.flush(30) == 0
-    synced()
+    synced("ledger", "ledger.balances")
     assert len(audit.load(ledger.ledger_path(stack))) == entries_before
 
 
@@ -143,4 +146,4 @@ def test_an_outbox_event_commits_or_rolls_back_with_its_transaction(stack, bank_
     assert db.execute("SELECT count(*) FROM outbox").fetchone()[0] == 0  # rows leave at once
     with pytest.raises(Exception, match="refused"):
         db.execute("TRUNCATE outbox")
-    synced()
+    synced("accounts", "ledger", "ledger.balances")

@@ -78,6 +78,9 @@ def test_redelivered_events_never_make_a_second_entry(spark, settings):
     assert [(e["account"], e["seq"]) for e in got] == [(7, 1), (7, 2), (7, 3), (8, 1), (8, 2), (8, 3)]
     assert list(chain.check(got)) == [] and audit.unbalanced_operations(got) == []
     assert balances(spark, settings) == {7: (Decimal("13.5"), 3), 8: (Decimal("-13.5"), 3)}
+    # The auditor's reader (delta-rs) reads both tables.
+    assert audit.query(settings, "SELECT account, balance FROM ledger_balances ORDER BY account")[1] == [
+        (7, Decimal("13.5000")), (8, Decimal("-13.5000"))]
     assert got[0]["amount"] == Decimal("10.0000") and got[0]["_txid"] == 1001
 
 

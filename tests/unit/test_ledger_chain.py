@@ -80,6 +80,10 @@ def test_read_only_queries_pass(sql):
     ("with x as (delete from ledger returning *) select * from x", "DELETE"),
     ("COPY (select * from ledger) TO '/tmp/out.csv'", "only SELECT or WITH"),
     ("", "one statement"),
+    ("SELECT '--' AS x; COPY (SELECT * FROM ledger) TO '/tmp/x.csv'", "one statement"),
+    ("WITH a AS (SELECT '--') INSERT INTO ledger SELECT * FROM ledger", "INSERT"),
+    ("SELECT $$; DROP TABLE ledger; $$", "dollar"),
+    ("SELECT 'unterminated", "unterminated"),
 ])
 def test_anything_else_is_refused_with_the_reason(sql, why):
     with pytest.raises(audit.RefusedQuery, match=why):
