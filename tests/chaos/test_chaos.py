@@ -168,7 +168,7 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
     for client in clients:
         client.join(timeout=30)
     start_background(stack)
-    reports = synced()
+    reports = synced(timeout=600)  # the backlog after the last fault: minutes on 2 cores
     figures = {
         "transactions_committed": sum(c.committed for c in clients),
         "bank_operations_committed": clients[-1].committed,
