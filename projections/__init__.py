@@ -20,9 +20,10 @@ class Target:
     keys: list[str] = field(default_factory=list)
     oracle_sql: str = ""      # computes the same rows on Postgres
     source: str = ""          # the source table or topic it follows
+    target_filter: str = ""   # the Delta rows the oracle covers (e.g. current versions only)
 
 
 def all_projections():
-    from projections import changelog, ledger, mirrors
+    from projections import changelog, ledger, mirrors, views
 
-    return [mirrors, changelog, ledger]
+    return [mirrors, changelog, ledger, views]

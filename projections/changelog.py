@@ -61,6 +61,8 @@ def lag_of(target: Target, lag_by_topic: dict[str, int]) -> int:
 
 
 def start(spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
+    # Created before the first record arrives: the views stream from this table.
+    ensure_table(spark, changelog_path(settings), SCHEMA, {**PROPERTIES, **fence.properties})
     records = read_topics(spark, settings, TOPIC_PATTERN)
     return run_batches(records, NAME, ChangelogBatch(settings, fence), settings, once)
 

@@ -97,6 +97,8 @@ def lag_of(target: Target, lag_by_topic: dict[str, int]) -> int:
 
 
 def start(spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
+    # Created before the first event arrives: the views stream from this table.
+    ensure_table(spark, ledger_path(settings), SCHEMA, {**PROPERTIES, **fence.properties})
     records = read_topics(spark, settings, TOPIC_PATTERN, headers=True)
     return run_batches(records, NAME, LedgerBatch(settings, fence), settings, once)
 

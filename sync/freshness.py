@@ -9,9 +9,12 @@ The barrier's steps, in order:
      Connect commits a source offset only once every record before it has been
      acknowledged by Kafka, and Debezium emits transactions in commit order, so every
      change committed before L is then in Kafka.
-  4. Take the end offsets of every topic each projection reads.
-  5. Wait until each projection's last committed batch (its Spark checkpoint) covers
-     those end offsets. Its Delta tables then reflect every transaction from step 1.
+  4. Take the end offsets of every topic each Kafka-fed projection reads.
+  5. Wait until each such projection's last committed batch (its Spark checkpoint)
+     covers those end offsets. Its Delta tables then reflect every transaction from step 1.
+  6. For a projection fed by Delta tables (the views, fed by the changelog and the
+     ledger): take its input tables' latest versions, now that their writers are fresh,
+     and wait until its checkpoint has read past them.
 """
 
 from __future__ import annotations
@@ -110,11 +113,48 @@ def processed_offsets(checkpoint: Path) -> Offsets:
     return done
 
 
+def latest_version(table: str) -> int:
+    """The latest version of a Delta table, from its log's file names (-1: no table)."""
+    log = Path(table) / "_delta_log"
+    return max((int(p.stem) for p in log.glob("[0-9]*.json")), default=-1)
+
+
+def processed_versions(checkpoint: Path, tables: list[str]) -> Offsets:
+    """For a query streaming from Delta tables (its sources in `tables` order): the next
+    version of each table it will read, from its last committed batch. Delta's offset
+    (v, index -1) means every version before v has been read."""
+    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.is_dir() else []
+    if not commits:
+        return {}
+    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()[2:]
+    done: Offsets = {}
+    for table, line in zip(tables, lines):
+        # (v, index i >= 0) means version v is read up to its file i: v is not done either.
+        offset = json.loads(line) if line.strip() not in ("", "-") else {}
+        done[(table, 0)] = int(offset.get("reservoirVersion", 0))
+    return done
+
+
+def _ends(settings: Settings, projection) -> Offsets:
+    """What a projection has to read: per Kafka topic partition the next offset, or per
+    input Delta table (as partition 0) the next version."""
+    if projection.TOPIC_PATTERN is not None:
+        return end_offsets(settings, projection.TOPIC_PATTERN)
+    return {(t, 0): latest_version(t) + 1 for t in projection.inputs(settings) if latest_version(t) >= 0}
+
+
+def _done(settings: Settings, projection) -> Offsets:
+    """What its last committed batch has read, in the same terms as `_ends`."""
+    checkpoint = settings.checkpoints / projection.NAME
+    if projection.TOPIC_PATTERN is not None:
+        return processed_offsets(checkpoint)
+    return processed_versions(checkpoint, projection.inputs(settings))
+
+
 def lags(settings: Settings) -> list[Lag]:
     result = []
     for projection in all_projections():
-        end = end_offsets(settings, projection.TOPIC_PATTERN)
-        done = processed_offsets(settings.checkpoints / projection.NAME)
+        end, done = _ends(settings, projection), _done(settings, projection)
         behind = sum(max(0, high - done.get(tp, 0)) for tp, high in end.items())
         result.append(Lag(projection.NAME, behind, end, done))
     return result
@@ -137,16 +177,23 @@ def wait(settings: Settings, timeout: float = 120.0) -> float:
             raise NotFresh(f"not fresh after {timeout:.0f}s: Debezium has not captured up to "
                            f"the WAL position of the call (connector {CONNECTOR_NAME})")
         time.sleep(0.2)
-    goals = {p.NAME: end_offsets(settings, p.TOPIC_PATTERN) for p in all_projections()}
+    kafka_fed = [p for p in all_projections() if p.TOPIC_PATTERN is not None]
+    goals = {p.NAME: _ends(settings, p) for p in kafka_fed}
+    delta_fed = [p for p in all_projections() if p.TOPIC_PATTERN is None]
     while True:
         behind = []
-        for projection in all_projections():
-            done = processed_offsets(settings.checkpoints / projection.NAME)
+        for projection in kafka_fed + [p for p in delta_fed if p.NAME in goals]:
+            done = _done(settings, projection)
             missing = sum(max(0, high - done.get(tp, 0)) for tp, high in goals[projection.NAME].items())
             if missing:
-                behind.append(f"{projection.NAME} ({missing} records behind)")
+                unit = "records" if projection.TOPIC_PATTERN is not None else "table versions"
+                behind.append(f"{projection.NAME} ({missing} {unit} behind)")
         if not behind:
-            return time.monotonic() - started
+            if all(p.NAME in goals for p in delta_fed):
+                return time.monotonic() - started
+            # Step 6: the Delta inputs are complete now; their versions are the next goal.
+            goals.update({p.NAME: _ends(settings, p) for p in delta_fed})
+            continue
         if time.monotonic() > deadline:
             raise NotFresh(f"not fresh after {timeout:.0f}s: " + ", ".join(behind) +
                            ("" if _runner_alive(settings) else "; no runner is running (`lakesync run`)"))

@@ -36,17 +36,21 @@ def run(settings: Settings, once: bool = False) -> None:
     try:
         spark = spark_session.session(settings, "lakesync-runner")
         queries = []
+        # A projection fed by Delta tables (views) starts once its tables exist; with
+        # availableNow, once the projections feeding them have finished, so it sees them whole.
+        waiting = [p for p in all_projections() if hasattr(p, "ready") and (once or not p.ready(settings))]
         for projection in all_projections():
-            # The fencing token of this run: any older runner still alive is now a zombie.
-            fence = fencing.take(spark, settings, projection.NAME,
-                                 [t.table for t in projection.targets(settings)])
-            # A pool per projection: the FAIR scheduler shares the two cores between them.
-            spark.sparkContext.setLocalProperty("spark.scheduler.pool", projection.NAME)
-            queries.append(projection.start(spark, settings, once, fence))
+            if projection not in waiting:
+                queries.append(_start(spark, settings, projection, once))
         # Written once the queries run: `start_background` and `status` read it.
         settings.runner_pidfile.parent.mkdir(parents=True, exist_ok=True)
         settings.runner_pidfile.write_text(str(os.getpid()))
         while not stop.is_set():
+            upstream_done = all(not q.isActive for q in queries)
+            for projection in list(waiting):
+                if projection.ready(settings) and (upstream_done or not once):
+                    queries.append(_start(spark, settings, projection, once))
+                    waiting.remove(projection)
             for query in queries:
                 if not query.isActive:
                     error = query.exception()
@@ -55,14 +59,22 @@ def run(settings: Settings, once: bool = False) -> None:
                         if fenced:
                             raise Fenced(fenced)
                         raise RunnerFailed(f"projection {query.name} failed: {_first_line(error)}")
-            if all(not q.isActive for q in queries):
-                return
+            if all(not q.isActive for q in queries) and not any(p.ready(settings) for p in waiting):
+                return  # (a projection still waiting has no input tables: nothing to do)
             stop.wait(0.5)
         for query in queries:
             query.stop()
     finally:
         if settings.runner_pidfile.exists() and settings.runner_pidfile.read_text() == str(os.getpid()):
             settings.runner_pidfile.unlink()
+
+
+def _start(spark, settings: Settings, projection, once: bool):
+    # The fencing token of this run: any older runner still alive is now a zombie.
+    fence = fencing.take(spark, settings, projection.NAME, [t.table for t in projection.targets(settings)])
+    # A pool per projection: the FAIR scheduler shares the two cores between them.
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", projection.NAME)
+    return projection.start(spark, settings, once, fence)
 
 
 def start_background(settings: Settings) -> int:

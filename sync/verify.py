@@ -46,8 +46,10 @@ def canonical(value: Any, pg_type: str) -> Any:
     if pg_type in ("double precision",):
         return repr(float(value))
     if pg_type in ("json", "jsonb"):
-        parsed = json.loads(value) if isinstance(value, str) else value
-        return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
+        # Postgres gives JSON text, Delta a struct or array (a nested document): both become
+        # plain values, numbers exact (Decimal, normalised), then one canonical JSON text.
+        parsed = json.loads(value, parse_float=Decimal) if isinstance(value, str) else value
+        return json.dumps(_plain(parsed), sort_keys=True, separators=(",", ":"))
     if pg_type == "bytea":
         return bytes(value).hex()
     if pg_type == "uuid":
@@ -71,6 +73,23 @@ def canonical(value: Any, pg_type: str) -> Any:
     if isinstance(value, (dt.date, dt.time)):
         return value.isoformat()
     return str(value)
+
+
+def _plain(value: Any) -> Any:
+    """A nested value (Spark Row, list, dict, Decimal) as JSON-able plain values."""
+    if hasattr(value, "asDict"):
+        value = value.asDict(recursive=False)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Decimal):
+        return format(value.normalize(), "f") if value.is_finite() else str(value)
+    if isinstance(value, float):
+        return format(Decimal(repr(value)).normalize(), "f")
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    return value
 
 
 def row_digest(values: Iterable[Any]) -> bytes:
@@ -167,7 +186,7 @@ def verify(settings: Settings, spark=None, only: set[str] | None = None) -> list
                     continue
                 columns, types = _oracle_columns(conn, target.oracle_sql)
                 source_rows = conn.cursor(name=f"verify_{len(reports)}").execute(target.oracle_sql)
-                target_rows = _delta_rows(spark, target.table, columns)
+                target_rows = _delta_rows(spark, target.table, columns, target.target_filter)
                 reports.append(compare(target, source_rows, target_rows, columns, types, target.keys))
                 conn.commit()
     return reports
@@ -183,13 +202,15 @@ def _oracle_columns(conn, sql: str) -> tuple[list[str], list[str]]:
     return names, [types.get(oid, "text") for oid in oids]
 
 
-def _delta_rows(spark, path: str, columns: list[str]) -> Iterable[tuple]:
+def _delta_rows(spark, path: str, columns: list[str], where: str = "") -> Iterable[tuple]:
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     if not DeltaTable.isDeltaTable(spark, path):
         return []
     frame = spark.read.format("delta").load(path)
+    if where:
+        frame = frame.where(where)
     present = set(frame.columns)
     selected = frame.select(*[F.col(f"`{c}`") if c in present else F.lit(None).alias(c) for c in columns])
     return (tuple(row) for row in selected.toLocalIterator())

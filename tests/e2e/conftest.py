@@ -59,12 +59,13 @@ def synced(stack, spark):
     """Call after writing: the freshness barrier, then verify against Postgres.
 
     Returns the verify reports of the named targets (every target if none is named: a
-    table name means its mirror; `changelog`, `ledger`, `ledger.balances` are themselves)
+    table name means its mirror; `changelog`, `ledger` and dotted names such as
+    `view.order_docs` are target names)
     and asserts that none differs.
     """
     def check(*tables, timeout=180):
         lakesync("wait", "--timeout", str(timeout), check=True)
-        names = {t if t.startswith(("changelog", "ledger")) else f"mirror.{t}" for t in tables} or None
+        names = {t if t in ("changelog", "ledger") or "." in t else f"mirror.{t}" for t in tables} or None
         reports = verify(stack, spark=spark, only=names)
         assert reports, "verify compared nothing"
         bad = [r.as_json() for r in reports if r.differences]

@@ -1,0 +1,154 @@
+"""Order documents: one search-engine-style document per order.
+
+A table-table join of orders, customers and order_items, kept current incrementally: a
+change on any side recomputes the documents of the orders it touches, and only those.
+
+Input:  the batch's changes of orders, order_items and customers (via projections/views.py);
+        the current rows from the mirrors, which have applied the batch (views step 1).
+Key:    order_id.
+Target: <lake>/order_docs: the order's fields, its customer embedded (a struct), its lines
+        as a nested array ordered by line number, the total of its lines, and
+        `doc_version` / `doc_version_lsn`: the latest source position that shaped the
+        document, the customer's and the lines' included (deletes too: a removed line
+        shaped it). A deleted order stays as a document with `deleted` set, so a search
+        index can delete it with a version that never goes backwards.
+Apply:  affected orders = orders changed, orders of changed lines (both the old and the
+        new order of a moved line: its key changes, so Debezium sends a delete and a
+        create), orders whose customer changed (through the mirror, and through the
+        documents for an order that has just left the customer). One MERGE writes their
+        recomputed documents; the version never decreases.
+Oracle: DOCS_SQL on Postgres, over the documents not deleted.
+"""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from projections import Target
+from sync.config import Settings
+from sync.delta.commit import commit_batch
+from sync.delta.fencing import Fence
+from sync.delta.merge import ensure_table
+
+NAME = "order_docs"
+LINE = "struct<line_no:int,product_id:bigint,qty:int,unit_price:decimal(12,2)>"
+CUSTOMER = "struct<id:bigint,name:string,email:string,tier:string>"
+SCHEMA = (f"order_id bigint, status string, placed_at timestamp, updated_at timestamp, customer {CUSTOMER}, "
+          f"lines array<{LINE}>, total decimal(38,2), deleted boolean, doc_version bigint, doc_version_lsn bigint, "
+          "`_applied_at` timestamp")
+DOCS_SQL = """
+SELECT o.id AS order_id, o.status, o.placed_at, o.updated_at,
+       CASE WHEN c.id IS NOT NULL THEN
+         jsonb_build_object('id', c.id, 'name', c.name, 'email', c.email, 'tier', c.tier) END AS customer,
+       COALESCE(l.lines, '[]'::jsonb) AS lines,
+       COALESCE(l.total, 0) AS total
+FROM orders o
+LEFT JOIN customers c ON c.id = o.customer_id
+LEFT JOIN LATERAL (
+  SELECT jsonb_agg(jsonb_build_object('line_no', i.line_no, 'product_id', i.product_id, 'qty', i.qty,
+                                      'unit_price', i.unit_price) ORDER BY i.line_no) AS lines,
+         sum(i.qty * i.unit_price) AS total
+  FROM order_items i WHERE i.order_id = o.id) l ON true
+""".strip()
+ORDERS = ("id bigint, customer_id bigint, status string, placed_at timestamp, updated_at timestamp, "
+          "`_commit_lsn` bigint, `_lsn` bigint")
+CUSTOMERS = "id bigint, name string, email string, tier string, `_commit_lsn` bigint, `_lsn` bigint"
+ITEMS = ("order_id bigint, line_no int, product_id bigint, qty int, unit_price decimal(12,2), "
+         "`_commit_lsn` bigint, `_lsn` bigint")
+
+
+def path(settings: Settings) -> str:
+    return str(settings.lake / "order_docs")
+
+
+def targets(settings: Settings) -> list[Target]:
+    return [Target(name="view.order_docs", kind="documents", table=path(settings), keys=["order_id"],
+                   oracle_sql=DOCS_SQL, source="orders, customers, order_items", target_filter="NOT deleted")]
+
+
+def ensure(spark: SparkSession, settings: Settings, fence: Fence) -> None:
+    ensure_table(spark, path(settings), SCHEMA, fence.properties)
+
+
+def _position(frame: DataFrame) -> DataFrame:
+    return frame.select("_commit_lsn", "_lsn")
+
+
+def touched(context, docs: DataFrame, orders: DataFrame) -> DataFrame:
+    """(order_id, position of a change that shaped it) for every order the batch touches."""
+    def key(name):
+        return F.get_json_object("key", f"$.{name}").cast("bigint")
+
+    by_order = context.changes_of("orders").select(key("id").alias("order_id"), "_commit_lsn", "_lsn")
+    by_line = context.changes_of("order_items").select(key("order_id").alias("order_id"), "_commit_lsn", "_lsn")
+    customers = context.changes_of("customers").select(key("id").alias("customer_id"), "_commit_lsn", "_lsn")
+    # A customer's orders now (mirror) and as the documents last embedded them.
+    owners = (orders.select(F.col("id").alias("order_id"), "customer_id")
+              .unionByName(docs.where("NOT deleted").select("order_id", F.col("customer.id").alias("customer_id"))))
+    by_customer = customers.join(owners, "customer_id").select("order_id", "_commit_lsn", "_lsn")
+    return (by_order.unionByName(by_line).unionByName(by_customer)
+            .groupBy("order_id").agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("changed_at")))
+
+
+def documents(affected: DataFrame, orders: DataFrame, customers: DataFrame, items: DataFrame,
+              docs: DataFrame) -> DataFrame:
+    """The documents of the affected orders, recomputed (a vanished order: deleted)."""
+    lines = (items.join(affected.select("order_id"), "order_id")
+             .groupBy("order_id").agg(
+                 F.array_sort(F.collect_list(F.struct("line_no", "product_id", "qty", "unit_price"))).alias("lines"),
+                 F.sum(F.col("qty") * F.col("unit_price")).alias("total"),
+                 F.max(F.struct("_commit_lsn", "_lsn")).alias("lines_at")))
+    o = orders.alias("o")
+    c = customers.alias("c")
+    previous = docs.select("order_id", F.struct(F.col("doc_version").alias("_commit_lsn"),
+                                                 F.col("doc_version_lsn").alias("_lsn")).alias("previous_at"))
+    joined = (affected.join(o, F.col("order_id") == F.col("o.id"), "left")
+              .join(c, F.col("c.id") == F.col("o.customer_id"), "left")
+              .join(lines, "order_id", "left")
+              .join(previous, "order_id", "left"))
+    exists = F.col("o.id").isNotNull()
+    version = F.greatest(F.col("changed_at"), F.col("previous_at"), F.col("lines_at"),
+                         F.when(exists, F.struct(F.col("o._commit_lsn"), F.col("o._lsn"))),
+                         F.when(F.col("c.id").isNotNull(), F.struct(F.col("c._commit_lsn"), F.col("c._lsn"))))
+    customer = F.when(F.col("c.id").isNotNull(), F.struct("c.id", "c.name", "c.email", "c.tier"))
+    return (joined.where(exists | F.col("previous_at").isNotNull())
+            .select("order_id",
+                    F.col("o.status").alias("status"), F.col("o.placed_at").alias("placed_at"),
+                    F.col("o.updated_at").alias("updated_at"),
+                    F.when(exists, customer).cast(CUSTOMER).alias("customer"),
+                    F.when(exists, F.coalesce("lines", F.array().cast(f"array<{LINE}>"))).alias("lines"),
+                    F.when(exists, F.coalesce("total", F.lit(0))).cast("decimal(38,2)").alias("total"),
+                    (~exists).alias("deleted"),
+                    version["_commit_lsn"].alias("doc_version"), version["_lsn"].alias("doc_version_lsn"),
+                    F.current_timestamp().alias("_applied_at")))
+
+
+def apply(context) -> int:
+    spark = context.spark
+    target = path(context.settings)
+    docs = context.view(target)
+    orders = context.mirror("orders", ORDERS)
+    affected = touched(context, docs, orders).localCheckpoint()
+    if affected.isEmpty():
+        context.orders_changed = None
+        return 0
+    fresh = documents(affected, orders.join(affected.select(F.col("order_id").alias("id")), "id"),
+                      context.mirror("customers", CUSTOMERS), context.mirror("order_items", ITEMS),
+                      docs.join(affected.select("order_id"), "order_id")).localCheckpoint()
+    # For the summaries: every customer an affected order belonged to, before or now.
+    context.orders_changed = (docs.join(affected.select("order_id"), "order_id")
+                              .select(F.col("customer.id").alias("customer_id"))
+                              .unionByName(fresh.select(F.col("customer.id").alias("customer_id")))
+                              .where("customer_id IS NOT NULL").distinct().localCheckpoint())
+    metrics = {}
+
+    def merge() -> None:
+        result = (DeltaTable.forPath(spark, target).alias("t").merge(fresh.alias("s"), "t.order_id = s.order_id")
+                  .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+        row = result.first() if result is not None else None
+        metrics.update(row.asDict() if row is not None else {})
+
+    commit_batch(spark, f"views:{NAME}", context.batch_id, merge, context.fence, context.settings.fault)
+    return int(metrics.get("num_affected_rows", 0))

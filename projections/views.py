@@ -1,0 +1,175 @@
+"""Views: the tables no single source table holds, kept current by one streaming query.
+
+Input:  two append-only Delta tables, read as streams and unioned: the bronze changelog
+        (projections/changelog.py; the changes of customers, orders, order_items and
+        accounts) and the ledger (projections/ledger.py; new entries). Neither is ever
+        compacted, so a rebuild from version zero sees every version of every row.
+Key:    per view (see each module): customer id and valid-from position, order id,
+        customer id, event id.
+Target: four Delta tables, one module each:
+          customer_history        SCD type 2 of customers (projections/customer_history.py)
+          ledger_enriched         each ledger entry with its customer as of the entry
+                                  (temporal stream-table join, projections/ledger_enriched.py)
+          order_docs              one search-style document per order (projections/order_docs.py)
+          customer_order_summary  per customer: orders, lifetime value (projections/customer_order_summary.py)
+Apply:  per batch, in order (each step commits on its own, tagged txnAppId
+        `views:<view>` / batch id, so a replayed batch changes nothing):
+          1. Wait until the mirrors have applied every Kafka record the batch's changelog
+             rows came from: the table-table views read the mirrors for the current state
+             of the keys a change touches, and must not read them before the change.
+          2. customer_history: the batch's customer changes become versions.
+          3. ledger_enriched: the batch's new entries, and the entries a new customer
+             version or account change may re-enrich, joined with the history.
+          4. order_docs: the orders the batch touched (directly, through a line, or
+             through their customer), recomputed from the mirrors.
+          5. customer_order_summary: the customers whose orders or attributes changed,
+             recomputed from the documents and the customers mirror.
+        Only the affected keys are recomputed; no step scans its whole view.
+Oracle: each view's defining SQL on Postgres (order_docs, customer_order_summary, and
+        the current versions of customer_history); the enriched ledger is recomputed in
+        batch over the ledger and the whole history at rest ("streaming equals batch").
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from projections import customer_history, customer_order_summary, ledger_enriched, order_docs
+from projections.changelog import changelog_path
+from projections.mirrors import NAME as MIRRORS
+from sync.config import Settings
+from sync.delta.fencing import Fence
+from sync.errors import LakesyncError
+from sync.ledger import ledger_path
+from sync.progress import Progress
+from sync.stream import run_batches
+
+NAME = "views"
+KIND = "view"
+TOPIC_PATTERN = None  # reads Delta tables, not Kafka: see `inputs`
+VIEWS = [customer_history, ledger_enriched, order_docs, customer_order_summary]
+TABLES = ["public.customers", "public.orders", "public.order_items", "public.accounts"]
+MIRROR_WAIT_SECONDS = 600
+
+
+class MirrorsBehind(LakesyncError):
+    exit_code = 1
+
+
+def inputs(settings: Settings) -> list[str]:
+    """The Delta tables the query streams from, in the order of its sources."""
+    return [changelog_path(settings), ledger_path(settings)]
+
+
+def ready(settings: Settings) -> bool:
+    """A Delta stream needs its table: the runner starts this query once both exist."""
+    return all((Path(path) / "_delta_log").is_dir() for path in inputs(settings))
+
+
+def targets(settings: Settings):
+    return [t for view in VIEWS for t in view.targets(settings)]
+
+
+def verify_targets(settings: Settings, conn):
+    return targets(settings)
+
+
+def lag_of(target, lag_by_input: dict[str, int]) -> int:
+    return sum(lag_by_input.values())
+
+
+def check(settings: Settings, spark: SparkSession, conn, target):
+    """verify's comparison for the targets without oracle SQL (the enriched ledger)."""
+    return ledger_enriched.check(settings, spark, conn, target)
+
+
+def start(spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
+    changelog, ledger = inputs(settings)
+    changes = (spark.readStream.format("delta").load(changelog)
+               .where(F.col("table").isin(TABLES) & F.col("_op").isin("c", "u", "d", "r"))
+               .select(F.lit("change").alias("kind"), "table", "_op", "key", "after", "_commit_lsn", "_lsn",
+                       "_source_ts", "_topic", "_partition", "_offset"))
+    entries = (spark.readStream.format("delta").load(ledger)
+               .select(F.lit("entry").alias("kind"), "event_id", "account", "_commit_lsn", "_lsn"))
+    records = changes.unionByName(entries, allowMissingColumns=True)
+    return run_batches(records, NAME, ViewsBatch(settings, fence), settings, once)
+
+
+class ViewsBatch:
+    """foreachBatch function: the steps of the module docstring, in order."""
+
+    def __init__(self, settings: Settings, fence: Fence):
+        self.settings = settings
+        self.fence = fence
+        self.progress = Progress(settings, NAME)
+        self.created = False
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        spark = batch.sparkSession
+        started = time.time()
+        if not self.created:
+            for view in VIEWS:
+                view.ensure(spark, self.settings, self.fence)
+            self.created = True
+        records = batch.localCheckpoint(eager=True)
+        changes = records.where("kind = 'change'")
+        reach = changes.groupBy("_topic", "_partition").agg(F.max("_offset").alias("last")).collect()
+        if not reach and records.where("kind = 'entry'").isEmpty():
+            return  # a metadata-only version of an input (a fencing stamp): nothing to do
+        self._wait_for_mirrors({(r["_topic"], r["_partition"]): r["last"] + 1 for r in reach})
+        context = Context(spark, self.settings, self.fence, batch_id, changes,
+                          records.where("kind = 'entry'").select("event_id", "account", "_commit_lsn", "_lsn"))
+        applied = {}
+        for view in VIEWS:
+            applied[view.NAME] = view.apply(context)
+        self.progress.record(batch_id, applied, started)
+
+    def _wait_for_mirrors(self, needed: dict[tuple[str, int], int]) -> None:
+        from sync.freshness import processed_offsets
+
+        deadline = time.monotonic() + MIRROR_WAIT_SECONDS
+        checkpoint = self.settings.checkpoints / MIRRORS
+        while True:
+            done = processed_offsets(checkpoint)
+            behind = {tp: end for tp, end in needed.items() if done.get(tp, 0) < end}
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise MirrorsBehind(f"the mirrors have not applied {sorted(behind)} after "
+                                    f"{MIRROR_WAIT_SECONDS} s; the views wait for them")
+            self.fence.check()
+            time.sleep(0.25)
+
+
+class Context:
+    """What one batch hands each view: the session, the batch's changes and entries,
+    and the mirrors and views as they stand (read fresh at each call)."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, fence: Fence, batch_id: int,
+                 changes: DataFrame, entries: DataFrame):
+        self.spark, self.settings, self.fence, self.batch_id = spark, settings, fence, batch_id
+        self.changes, self.entries = changes, entries
+        self.history_changed: DataFrame | None = None   # set by customer_history: id, first new position
+        self.orders_changed: DataFrame | None = None    # set by order_docs: customer ids old and new
+
+    def changes_of(self, table: str) -> DataFrame:
+        return self.changes.where(F.col("table") == f"public.{table}")
+
+    def mirror(self, table: str, columns: str) -> DataFrame:
+        """The mirror's `columns` (a DDL list, provenance included as needed); empty when
+        the table has had no row yet (no mirror is created before its first change)."""
+        from projections.mirrors import mirror_path
+
+        path = mirror_path(self.settings, table)
+        wanted = self.spark.createDataFrame([], columns)
+        if not (path / "_delta_log").is_dir():
+            return wanted
+        return self.spark.read.format("delta").load(str(path)).select(*wanted.columns)
+
+    def view(self, path: str) -> DataFrame:
+        return self.spark.read.format("delta").load(path)
