@@ -36,7 +36,7 @@ $(BIN)/lakesync: requirements.txt pyproject.toml
 
 jars: $(JARS)
 
-$(JARS): jvm/pom.xml jvm/kafka/pom.xml jvm/spark/pom.xml jvm/smt/pom.xml $(shell find jvm/smt/src -type f)
+$(JARS): jvm/pom.xml jvm/kafka/pom.xml jvm/spark/pom.xml jvm/smt/pom.xml jvm/opensearch/pom.xml $(shell find jvm/smt/src -type f)
 	@command -v mvn >/dev/null || { echo "Maven (mvn) is required to resolve the JVM jars: apt-get install maven" >&2; exit 2; }
 	@command -v java >/dev/null || { echo "Java 17+ is required: apt-get install openjdk-17-jre-headless" >&2; exit 2; }
 	rm -rf build/jvm

@@ -162,6 +162,26 @@ def _bio(rng: random.Random, i: int) -> str:
     return f"Customer {i}: " + "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(4000))
 
 
+def show_views(settings: Settings) -> None:
+    """One order document and one customer summary row, as a Delta reader sees them."""
+    import json
+
+    from projections import customer_order_summary, order_docs
+    from sync import spark as spark_session
+
+    spark = spark_session.session(settings, "lakesync-verify")  # verify's session, still open
+    doc = (spark.read.format("delta").load(order_docs.path(settings))
+           .where("NOT deleted AND size(lines) > 1").orderBy("order_id").first())
+    if doc is not None:
+        print("\none order document (view.order_docs):")
+        print(json.dumps(doc.asDict(recursive=True), indent=2, default=str))
+        summary = (spark.read.format("delta").load(customer_order_summary.path(settings))
+                   .where(f"customer_id = {doc['customer']['id']}").first() if doc["customer"] else None)
+        if summary is not None:
+            print("its customer's summary (view.customer_order_summary):")
+            print(json.dumps({k: v for k, v in summary.asDict().items() if k != "_applied_at"}, default=str))
+
+
 def main(settings: Settings) -> int:
     from sync import freshness, verify
     from sync.ledger import audit, balances_path, ledger_path
@@ -208,6 +228,7 @@ def main(settings: Settings) -> int:
         print(f"{r.name:<24} {r.source_rows:>14} {r.target_rows:>11} {r.differences:>12}")
     ok = all(r.differences == 0 for r in reports)
     print("\nverify: no difference" if ok else "\nverify: DIFFERENCES FOUND (see `lakesync verify`)")
+    show_views(settings)
     print("6/6 the ledger, as an auditor sees it")
     print(audit.format_entries(audit.history(ledger_path(settings), 1)[-4:]))
     problems, summary = audit.verify(ledger_path(settings), balances=balances_path(settings))
