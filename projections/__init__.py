@@ -21,6 +21,7 @@ class Target:
     oracle_sql: str = ""      # computes the same rows on Postgres
     source: str = ""          # the source table or topic it follows
     target_filter: str = ""   # the Delta rows the oracle covers (e.g. current versions only)
+    delta: bool = True        # False: `table` is not a Delta table (a search index's address)
 
 
 def all_projections():

@@ -17,16 +17,24 @@ Apply:  affected orders = orders changed, orders of changed lines (both the old 
         create), orders whose customer changed (through the mirror, and through the
         documents for an order that has just left the customer). One MERGE writes their
         recomputed documents; the version never decreases.
-Oracle: DOCS_SQL on Postgres, over the documents not deleted.
+        Then, when a search index is configured (LAKESYNC_SEARCH_URL), the same
+        documents go to index `order_docs` with the bulk API, versioned by doc_version
+        (sync/search.py): a replayed batch re-sends equal versions (accepted, no change),
+        an older version never overwrites a newer one, a deleted order is deleted.
+Oracle: DOCS_SQL on Postgres, over the documents not deleted; the index too (`check_index`).
 """
 
 from __future__ import annotations
+
+import time
+from datetime import datetime
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from projections import Target
+from sync import search
 from sync.config import Settings
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
@@ -52,6 +60,18 @@ LEFT JOIN LATERAL (
          sum(i.qty * i.unit_price) AS total
   FROM order_items i WHERE i.order_id = o.id) l ON true
 """.strip()
+INDEX = "order_docs"
+MONEY = {"type": "double"}  # indexed rounded for range queries; `_source` keeps the exact digits
+INDEX_MAPPINGS = {"dynamic": "strict", "properties": {
+    "order_id": {"type": "long"}, "status": {"type": "keyword"},
+    "placed_at": {"type": "date"}, "updated_at": {"type": "date"},
+    "customer": {"properties": {"id": {"type": "long"}, "name": {"type": "text"},
+                                "email": {"type": "keyword"}, "tier": {"type": "keyword"}}},
+    "lines": {"type": "nested", "properties": {"line_no": {"type": "integer"}, "product_id": {"type": "long"},
+                                               "qty": {"type": "integer"}, "unit_price": MONEY}},
+    "total": MONEY, "doc_version_lsn": {"type": "long"}}}
+COMPARED = ["order_id", "status", "placed_at", "updated_at", "customer", "lines", "total"]
+PUSH_ATTEMPTS = 4
 ORDERS = ("id bigint, customer_id bigint, status string, placed_at timestamp, updated_at timestamp, "
           "`_commit_lsn` bigint, `_lsn` bigint")
 CUSTOMERS = "id bigint, name string, email string, tier string, `_commit_lsn` bigint, `_lsn` bigint"
@@ -64,8 +84,12 @@ def path(settings: Settings) -> str:
 
 
 def targets(settings: Settings) -> list[Target]:
-    return [Target(name="view.order_docs", kind="documents", table=path(settings), keys=["order_id"],
-                   oracle_sql=DOCS_SQL, source="orders, customers, order_items", target_filter="NOT deleted")]
+    found = [Target(name="view.order_docs", kind="documents", table=path(settings), keys=["order_id"],
+                    oracle_sql=DOCS_SQL, source="orders, customers, order_items", target_filter="NOT deleted")]
+    if settings.search_url:
+        found.append(Target(name="search.order_docs", kind="search index", table=f"{settings.search_url}/{INDEX}",
+                            keys=["order_id"], source="view.order_docs", delta=False))
+    return found
 
 
 def ensure(spark: SparkSession, settings: Settings, fence: Fence) -> None:
@@ -151,4 +175,37 @@ def apply(context) -> int:
         metrics.update(row.asDict() if row is not None else {})
 
     commit_batch(spark, f"views:{NAME}", context.batch_id, merge, context.fence, context.settings.fault)
+    if context.settings.search_url:
+        push(context.settings.search_url, fresh)
     return int(metrics.get("num_affected_rows", 0))
+
+
+def push(url: str, docs: DataFrame) -> dict:
+    """The batch's documents to the search index, each versioned by its source position.
+    A node that is briefly unreachable is retried; then the batch fails and replays."""
+    actions = [{"id": row["order_id"], "version": row["doc_version"], "deleted": row["deleted"],
+                "source": {**{k: row[k] for k in COMPARED}, "doc_version_lsn": row["doc_version_lsn"]}}
+               for row in (r.asDict(recursive=True) for r in docs.toLocalIterator())]
+    search.ensure_index(url, INDEX, INDEX_MAPPINGS)
+    for attempt in range(PUSH_ATTEMPTS):
+        try:
+            return search.push(url, INDEX, actions)
+        except search.ServiceUnavailable:
+            if attempt == PUSH_ATTEMPTS - 1:
+                raise
+            time.sleep(2 ** attempt)
+    return {}
+
+
+def check_index(settings: Settings, conn, target: Target):
+    """verify's comparison for the search index: every live document against DOCS_SQL."""
+    from sync.verify import _oracle_columns, compare
+
+    columns, types = _oracle_columns(conn, DOCS_SQL)
+    expected = conn.execute(DOCS_SQL).fetchall()
+    indexed = []
+    for source in search.scan(settings.search_url, INDEX, sort="order_id"):
+        for name in ("placed_at", "updated_at"):
+            source[name] = datetime.fromisoformat(source[name]) if source.get(name) else None
+        indexed.append(tuple(source.get(c) for c in columns))
+    return compare(target, expected, indexed, columns, types, ["order_id"])

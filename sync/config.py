@@ -58,6 +58,9 @@ class Settings:
     # the embedded stack, but another host/path when Connect runs in a container.
     connect_pg_address: str
     connect_secrets_path: str
+    # The search index order documents are pushed to (OpenSearch/Elasticsearch `_bulk`);
+    # empty when LAKESYNC_SEARCH_URL=off.
+    search_url: str = ""
     secrets_file: Path = field(init=False)
     pgpass_file: Path = field(init=False)
 
@@ -89,6 +92,10 @@ class Settings:
     @property
     def connect_port(self) -> int:
         return _port(self.connect_url, 8083)
+
+    @property
+    def search_port(self) -> int:
+        return _port(self.search_url, 9200)
 
     @property
     def connect_pg_host(self) -> str:
@@ -139,6 +146,8 @@ def load() -> Settings:
         tombstone_hours=float(_env("LAKESYNC_TOMBSTONE_HOURS", "168")),
         connect_pg_address=_env("LAKESYNC_CONNECT_PG_ADDRESS", ""),
         connect_secrets_path=_env("LAKESYNC_CONNECT_SECRETS_FILE", ""),
+        search_url="" if _env("LAKESYNC_SEARCH_URL", "") == "off"
+        else _env("LAKESYNC_SEARCH_URL", "http://127.0.0.1:19200").rstrip("/"),
     )
     # Passwords never sit in a DSN: libpq reads them from this file (user-set wins).
     os.environ.setdefault("PGPASSFILE", str(settings.pgpass_file))

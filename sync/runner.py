@@ -71,7 +71,7 @@ def run(settings: Settings, once: bool = False) -> None:
 
 def _start(spark, settings: Settings, projection, once: bool):
     # The fencing token of this run: any older runner still alive is now a zombie.
-    fence = fencing.take(spark, settings, projection.NAME, [t.table for t in projection.targets(settings)])
+    fence = fencing.take(spark, settings, projection.NAME, [t.table for t in projection.targets(settings) if t.delta])
     # A pool per projection: the FAIR scheduler shares the two cores between them.
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", projection.NAME)
     return projection.start(spark, settings, once, fence)

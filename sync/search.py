@@ -127,6 +127,15 @@ def ensure_index(url: str, index: str, mappings: dict, settings: dict | None = N
     raise SearchError(f"creating index {index} failed ({status}): {_reason(raw)}")
 
 
+def healthy(url: str) -> bool:
+    """The node answers and its cluster can serve (yellow: replicas unassigned, fine)."""
+    try:
+        status, raw = _request(url, "GET", "/_cluster/health")
+    except ServiceUnavailable:
+        return False
+    return status == 200 and json.loads(raw).get("status") in ("green", "yellow")
+
+
 def count(url: str, index: str) -> int:
     """Live documents in `index`. Refreshes first so every acknowledged write is counted
     (a helper for tests and checks, not for a hot path)."""
@@ -149,6 +158,26 @@ def get(url: str, index: str, doc_id: Any) -> dict | None:
     if status != 200:
         raise SearchError(f"reading {index}/{doc_id} failed ({status}): {_reason(raw)}")
     return json.loads(raw, parse_float=Decimal)
+
+
+def scan(url: str, index: str, sort: str, page: int = 1000) -> Iterator[dict]:
+    """Every live document's `_source` (Decimal for non-integers), in `sort` order, page by
+    page with `search_after`; nothing when the index does not exist."""
+    status, raw = _request(url, "POST", f"/{_quote(index)}/_refresh")
+    if status == 404:
+        return
+    after = None
+    while True:
+        body = {"size": page, "sort": [{sort: "asc"}], **({"search_after": after} if after else {})}
+        status, raw = _request(url, "POST", f"/{_quote(index)}/_search", to_json(body).encode())
+        if status != 200:
+            raise SearchError(f"searching {index} failed ({status}): {_reason(raw)}")
+        hits = json.loads(raw, parse_float=Decimal)["hits"]["hits"]
+        if not hits:
+            return
+        for hit in hits:
+            yield hit["_source"]
+        after = hits[-1]["sort"]
 
 
 # -- the sink ---------------------------------------------------------------------------

@@ -46,6 +46,11 @@ def collect(settings: Settings) -> dict[str, Any]:
     except LakesyncError as error:
         components["connect"] = {"ok": False, "url": settings.connect_url, "tasks": [], "error": str(error)}
 
+    if settings.search_url:
+        from sync import search
+
+        components["search"] = {"ok": search.healthy(settings.search_url), "url": settings.search_url}
+
     pid = read_pid(settings.runner_pidfile)
     components["runner"] = {"ok": pid is not None, "pid": pid}
 
@@ -83,11 +88,15 @@ def render(report: dict[str, Any]) -> str:
     lines = ["component  ok    detail"]
     for name, c in report["components"].items():
         failed = [t.get("error") for t in c.get("tasks", []) if t.get("error")]
-        detail = c.get("error") or (failed[0] if failed else None) or c.get("dsn") or c.get("bootstrap") or (
-            f"{c['name']}, wal_status {c.get('wal_status')}, {c.get('retained_bytes')} bytes retained"
-            if name == "slot" else None) or (
-            f"connector {c.get('connector')}, tasks {[t['state'] for t in c.get('tasks', [])]}" if name == "connect"
-            else f"pid {c.get('pid')}")
+        if name == "slot":
+            usual = f"{c['name']}, wal_status {c.get('wal_status')}, {c.get('retained_bytes')} bytes retained"
+        elif name == "connect":
+            usual = f"connector {c.get('connector')}, tasks {[t['state'] for t in c.get('tasks', [])]}"
+        elif name == "runner":
+            usual = f"pid {c.get('pid')}"
+        else:
+            usual = c.get("dsn") or c.get("bootstrap") or c.get("url")
+        detail = c.get("error") or (failed[0] if failed else None) or usual
         lines.append(f"{name:<10} {'yes' if c['ok'] else 'NO':<5} {detail}")
     lag = report["slot_lag_bytes"]
     lines.append(f"replication slot lag: {lag if lag is not None else '?'} bytes")

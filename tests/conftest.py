@@ -15,6 +15,7 @@ TEST_ENV = {
     "LAKESYNC_PG_DSN": "postgresql://lakesync_admin@127.0.0.1:25432/lakesync",
     "LAKESYNC_KAFKA_BOOTSTRAP": "127.0.0.1:29092",
     "LAKESYNC_CONNECT_URL": "http://127.0.0.1:28083",
+    "LAKESYNC_SEARCH_URL": "http://127.0.0.1:29200",
     "LAKESYNC_SPARK_DRIVER_MEMORY": "2g",
     "LAKESYNC_SHUFFLE_PARTITIONS": "2",
     "TZ": "UTC",

@@ -1,4 +1,5 @@
-"""The embedded stack: Postgres, Kafka (KRaft) and Kafka Connect + Debezium on 127.0.0.1.
+"""The embedded stack: Postgres, Kafka (KRaft), Kafka Connect + Debezium and an OpenSearch
+node (unless LAKESYNC_SEARCH_URL=off) on 127.0.0.1.
 
 `up` and `down` are idempotent: `up` starts only what is not running and re-registers
 the connector; `down` stops the runner and every service and leaves no process behind.
@@ -16,6 +17,7 @@ from sync import migrate
 from sync.config import ADMIN_ROLE, ROLES, Settings, read_secrets
 from sync.stack.connect import Connect
 from sync.stack.kafka import Kafka
+from sync.stack.opensearch import OpenSearch
 from sync.stack.postgres import Postgres
 from sync.stack.process import read_pid, stop_pid
 
@@ -46,6 +48,8 @@ def up(settings: Settings, say: Callable[[str], None] = print) -> float:
         ("kafka", Kafka(settings).start),
         ("connect + debezium", Connect(settings).start),
     ]
+    if settings.search_url:
+        steps.append(("opensearch", OpenSearch(settings.home, settings.jars, settings.search_port).start))
     for name, start in steps:
         t0 = time.monotonic()
         start()
@@ -69,6 +73,7 @@ def down(settings: Settings, say: Callable[[str], None] = print) -> None:
         say("  runner               stopped")
     settings.runner_pidfile.unlink(missing_ok=True)
     for name, service in (("connect", Connect(settings)), ("kafka", Kafka(settings)),
-                          ("postgres", Postgres(settings))):
+                          ("postgres", Postgres(settings)),
+                          ("opensearch", OpenSearch(settings.home, settings.jars, settings.search_port))):
         service.stop()
         say(f"  {name:<20} stopped")

@@ -16,11 +16,12 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from projections import customer_history, ledger_enriched, order_docs
-from sync import bank, config
+from sync import bank, config, search
 
 pytestmark = pytest.mark.e2e
 
-VIEWS = ("view.order_docs", "view.customer_order_summary", "history.customers", "ledger.enriched")
+VIEWS = ("view.order_docs", "view.customer_order_summary", "history.customers", "ledger.enriched",
+         "search.order_docs")
 BASE = 770000  # keys no other test uses
 TIERS = ["bronze", "silver", "gold", None]
 
@@ -175,14 +176,19 @@ def test_order_document_is_nested_and_versioned(db, synced, spark):
     with db.transaction():
         db.execute("INSERT INTO orders (id, customer_id, status) VALUES (%s, %s, 'placed')", (o, c))
         db.execute("INSERT INTO order_items VALUES (%s, 2, %s, 3, 1.10), (%s, 1, %s, 1, 2.00)", (o, BASE, o, BASE))
-    synced("view.order_docs")
-    path = order_docs.path(config.load())
+    synced("view.order_docs", "search.order_docs")
+    settings = config.load()
+    path = order_docs.path(settings)
     first = spark.read.format("delta").load(path).where(f"order_id = {o}").first()
     assert [line["line_no"] for line in first["lines"]] == [1, 2]
     assert first["total"] == Decimal("5.30") and first["customer"]["tier"] == "silver"
+    indexed = search.get(settings.search_url, order_docs.INDEX, o)
+    assert indexed["_version"] == first["doc_version"] and indexed["_source"]["total"] == Decimal("5.30")
+    assert [line["line_no"] for line in indexed["_source"]["lines"]] == [1, 2]
     db.execute("DELETE FROM order_items WHERE order_id = %s AND line_no = 2", (o,))
     db.execute("DELETE FROM orders WHERE id = %s", (o,))
-    synced("view.order_docs")
+    synced("view.order_docs", "search.order_docs")
+    assert search.get(settings.search_url, order_docs.INDEX, o) is None
     gone = spark.read.format("delta").load(path).where(f"order_id = {o}").first()
     assert gone["deleted"] and (gone["doc_version"], gone["doc_version_lsn"]) > (
         first["doc_version"], first["doc_version_lsn"])

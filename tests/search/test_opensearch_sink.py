@@ -20,7 +20,7 @@ from sync import config, search
 from sync.errors import StackError
 from sync.stack.opensearch import OpenSearch
 
-TEST_PORT = 29200  # transport on 29300; the demo stack's node uses 19200
+TEST_PORT = 29210  # transport on 29310; the test stack's node uses 29200, the demo stack's 19200
 
 MAPPINGS = {"dynamic": "strict", "properties": {
     "name": {"type": "keyword"},
