@@ -87,20 +87,20 @@ def close(all_versions: DataFrame) -> DataFrame:
 def apply(context) -> int:
     spark = context.spark
     target = path(context.settings)
-    new = versions(context.changes_of("customers"))
-    ids = new.select("id").distinct()
-    stored = context.view(target).join(F.broadcast(ids), "id")
-    fresh = new.join(stored.select(*VERSION_KEY), VERSION_KEY, "left_anti").localCheckpoint()
-    if fresh.isEmpty():  # no customer change, or only redeliveries: no commit at all
+    new = versions(context.changes_of("customers")).localCheckpoint()
+    if new.isEmpty():
         context.history_changed = None
         return 0
+    stored = context.view(target).join(F.broadcast(new.select("id").distinct()), "id")
+    fresh = new.join(stored.select(*VERSION_KEY), VERSION_KEY, "left_anti")
     columns = spark.createDataFrame([], SCHEMA).columns
     candidates = fresh.withColumn("_applied_at", F.current_timestamp())
     merged = close(stored.drop("valid_to_commit_lsn", "valid_to_lsn", "valid_to_ts", "is_current")
                    .unionByName(candidates)).select(*columns).localCheckpoint()
-    # For the enriched ledger: per customer, the first position this batch added a version at.
-    context.history_changed = (merged.join(fresh.select(*VERSION_KEY), VERSION_KEY)
-                               .groupBy("id").agg(F.min(F.struct("valid_from_commit_lsn", "valid_from_lsn"))
+    # For the enriched ledger: per customer, the first position of this batch's versions.
+    # From the batch itself, not from what was new to the table: a replay after a crash
+    # between this commit and the enriched ledger's must re-enrich the same entries.
+    context.history_changed = (new.groupBy("id").agg(F.min(F.struct("valid_from_commit_lsn", "valid_from_lsn"))
                                                   .alias("since"))
                                .select("id", F.col("since.valid_from_commit_lsn").alias("since_commit_lsn"),
                                        F.col("since.valid_from_lsn").alias("since_lsn"))

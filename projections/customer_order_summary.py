@@ -7,8 +7,8 @@ Input:  the batch's customer changes, and the customers whose orders' documents 
 Key:    customer_id.
 Target: <lake>/customer_order_summary.
 Apply:  recompute the affected customers from the customers mirror and the documents of
-        their orders (projections/order_docs.py, already merged for this batch), then one
-        MERGE: update or insert them, delete the ones no longer in Postgres.
+        their orders as this batch leaves them (projections/order_docs.py `prepare`), then
+        one MERGE: update or insert them, delete the ones no longer in Postgres.
 Oracle: SUMMARY_SQL on Postgres.
 """
 
@@ -18,7 +18,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from projections import Target, order_docs
+from projections import Target
 from sync.config import Settings
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
@@ -63,7 +63,7 @@ def apply(context) -> int:
         return 0
     customers = (context.mirror("customers", "id bigint, name string, tier string")
                  .withColumnRenamed("id", "customer_id").join(affected, "customer_id"))
-    docs = (context.view(order_docs.path(context.settings)).where("NOT deleted")
+    docs = (context.docs_after.where("NOT deleted")
             .select(F.col("customer.id").alias("customer_id"), "order_id", "total", "placed_at")
             .join(affected, "customer_id"))
     totals = docs.groupBy("customer_id").agg(F.count("order_id").alias("order_count"),

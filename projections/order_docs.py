@@ -149,23 +149,36 @@ def documents(affected: DataFrame, orders: DataFrame, customers: DataFrame, item
                     F.current_timestamp().alias("_applied_at")))
 
 
-def apply(context) -> int:
-    spark = context.spark
-    target = path(context.settings)
-    docs = context.view(target)
+def prepare(context) -> DataFrame | None:
+    """The batch's documents, recomputed but not yet written. Also leaves, for the
+    summaries, every customer an affected order belonged to before or now
+    (`orders_changed`) and the documents as they will be (`docs_after`). The summaries
+    commit before the documents do: once the documents are written, a replay of the
+    batch could no longer tell which customer an order has just left."""
+    docs = context.view(path(context.settings))
     orders = context.mirror("orders", ORDERS)
     affected = touched(context, docs, orders).localCheckpoint()
+    context.docs_after = docs
     if affected.isEmpty():
         context.orders_changed = None
-        return 0
+        return None
     fresh = documents(affected, orders.join(affected.select(F.col("order_id").alias("id")), "id"),
                       context.mirror("customers", CUSTOMERS), context.mirror("order_items", ITEMS),
                       docs.join(affected.select("order_id"), "order_id")).localCheckpoint()
-    # For the summaries: every customer an affected order belonged to, before or now.
     context.orders_changed = (docs.join(affected.select("order_id"), "order_id")
                               .select(F.col("customer.id").alias("customer_id"))
                               .unionByName(fresh.select(F.col("customer.id").alias("customer_id")))
                               .where("customer_id IS NOT NULL").distinct().localCheckpoint())
+    context.docs_after = docs.join(affected.select("order_id"), "order_id", "left_anti").unionByName(fresh)
+    return fresh
+
+
+def commit(context, fresh: DataFrame | None) -> int:
+    """One MERGE of the prepared documents, then the search index (when configured)."""
+    if fresh is None:
+        return 0
+    spark = context.spark
+    target = path(context.settings)
     metrics = {}
 
     def merge() -> None:

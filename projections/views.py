@@ -20,10 +20,15 @@ Apply:  per batch, in order (each step commits on its own, tagged txnAppId
           2. customer_history: the batch's customer changes become versions.
           3. ledger_enriched: the batch's new entries, and the entries a new customer
              version or account change may re-enrich, joined with the history.
-          4. order_docs: the orders the batch touched (directly, through a line, or
-             through their customer), recomputed from the mirrors.
+          4. order_docs, prepared: the orders the batch touched (directly, through a
+             line, or through their customer), recomputed from the mirrors.
           5. customer_order_summary: the customers whose orders or attributes changed,
-             recomputed from the documents and the customers mirror.
+             recomputed from the documents as step 4 leaves them and the customers mirror.
+          6. order_docs, written; then pushed to the search index.
+        A crash between two commits replays the batch, and each step still finds what
+        it needs: step 3 takes the new versions from the batch itself, not from what the
+        history did not hold yet; step 5 commits before step 6, so the customer an order
+        has just left is still in the documents.
         Only the affected keys are recomputed; no step scans its whole view.
 Oracle: each view's defining SQL on Postgres (order_docs, customer_order_summary, and
         the current versions of customer_history); the enriched ledger is recomputed in
@@ -47,7 +52,7 @@ from sync.delta.fencing import Fence
 from sync.errors import LakesyncError
 from sync.ledger import ledger_path
 from sync.progress import Progress
-from sync.stream import run_batches
+from sync.stream import at_or_after, run_batches, start_offsets
 
 NAME = "views"
 KIND = "view"
@@ -91,10 +96,29 @@ def check(settings: Settings, spark: SparkSession, conn, target):
     return ledger_enriched.check(settings, spark, conn, target)
 
 
+def reset(settings: Settings) -> None:
+    """After a resnapshot (sync/resnapshot.py): drop the views, their checkpoint and the
+    search index; started again, they rebuild from the new snapshot on. A snapshot read
+    has no commit position that orders it after the changes before the gap, so the views
+    cannot be carried across it: the customer history restarts at the snapshot (the
+    versions before it stay in the changelog), and ledger entries older than the snapshot
+    are enriched with the customer as snapshotted."""
+    import shutil
+
+    for location in [settings.checkpoints / NAME, *(Path(t.table) for t in targets(settings) if t.delta)]:
+        shutil.rmtree(location, ignore_errors=True)
+    (settings.progress_dir / f"{NAME}.json").unlink(missing_ok=True)
+    if settings.search_url:
+        from sync import search
+
+        search.drop_index(settings.search_url, order_docs.INDEX)
+
+
 def start(spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
     changelog, ledger = inputs(settings)
     changes = (spark.readStream.format("delta").load(changelog)
                .where(F.col("table").isin(TABLES) & F.col("_op").isin("c", "u", "d", "r"))
+               .where(at_or_after(start_offsets(settings), "_topic", "_partition", "_offset"))
                .select(F.lit("change").alias("kind"), "table", "_op", "key", "after", "_commit_lsn", "_lsn",
                        "_source_ts", "_topic", "_partition", "_offset"))
     entries = (spark.readStream.format("delta").load(ledger)
@@ -127,9 +151,11 @@ class ViewsBatch:
         self._wait_for_mirrors({(r["_topic"], r["_partition"]): r["last"] + 1 for r in reach})
         context = Context(spark, self.settings, self.fence, batch_id, changes,
                           records.where("kind = 'entry'").select("event_id", "account", "_commit_lsn", "_lsn"))
-        applied = {}
-        for view in VIEWS:
-            applied[view.NAME] = view.apply(context)
+        applied = {customer_history.NAME: customer_history.apply(context),
+                   ledger_enriched.NAME: ledger_enriched.apply(context)}
+        documents = order_docs.prepare(context)
+        applied[customer_order_summary.NAME] = customer_order_summary.apply(context)
+        applied[order_docs.NAME] = order_docs.commit(context, documents)
         self.progress.record(batch_id, applied, started)
 
     def _wait_for_mirrors(self, needed: dict[tuple[str, int], int]) -> None:
@@ -159,6 +185,7 @@ class Context:
         self.changes, self.entries = changes, entries
         self.history_changed: DataFrame | None = None   # set by customer_history: id, first new position
         self.orders_changed: DataFrame | None = None    # set by order_docs: customer ids old and new
+        self.docs_after: DataFrame | None = None        # set by order_docs: documents once written
 
     def changes_of(self, table: str) -> DataFrame:
         return self.changes.where(F.col("table") == f"public.{table}")

@@ -15,6 +15,8 @@ the mirrors are rebuilt from a new consistent snapshot. Steps of `resnapshot`, i
      again (`lakesync run`), they read only records after the offsets of step 4, that
      is the snapshot and what follows it. The changelog keeps its history (with the
      gap, which no one can fill); its check in `verify` starts at the same offsets.
+     The views and the search index are reset too and rebuild from the same offsets
+     (projections/views.py `reset`).
   7. Wait until the connector streams again.
 """
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 import shutil
 import time
 
-from projections import mirrors
+from projections import mirrors, views
 from sync.config import CONNECTOR_NAME, SLOT, Settings
 from sync.errors import StackError
 from sync.freshness import end_offsets, pg_connect
@@ -52,6 +54,8 @@ def resnapshot(settings: Settings, say=print) -> None:
         shutil.rmtree(folder, ignore_errors=True)
     (settings.progress_dir / f"{mirrors.NAME}.json").unlink(missing_ok=True)
     say("  mirrors              reset; they rebuild from the snapshot when the runner starts")
+    views.reset(settings)
+    say("  views                reset; they rebuild from the snapshot when the runner starts")
     Connect(settings).register()
     say("  connector            streaming")
 

@@ -136,6 +136,13 @@ def healthy(url: str) -> bool:
     return status == 200 and json.loads(raw).get("status") in ("green", "yellow")
 
 
+def drop_index(url: str, index: str) -> None:
+    """Delete `index` with every document in it (nothing to do when it does not exist)."""
+    status, raw = _request(url, "DELETE", f"/{_quote(index)}")
+    if status not in (200, 404):
+        raise SearchError(f"deleting index {index} failed ({status}): {_reason(raw)}")
+
+
 def count(url: str, index: str) -> int:
     """Live documents in `index`. Refreshes first so every acknowledged write is counted
     (a helper for tests and checks, not for a hot path)."""
