@@ -171,7 +171,7 @@ def show_views(settings: Settings) -> None:
 
     spark = spark_session.session(settings, "lakesync-verify")  # verify's session, still open
     doc = (spark.read.format("delta").load(order_docs.path(settings))
-           .where("NOT deleted AND size(lines) > 1").orderBy("order_id").first())
+           .where("NOT deleted AND customer IS NOT NULL AND size(lines) > 1").orderBy("order_id").first())
     if doc is not None:
         print("\none order document (view.order_docs):")
         print(json.dumps(doc.asDict(recursive=True), indent=2, default=str))
