@@ -35,21 +35,26 @@ def run(settings: Settings, once: bool = False) -> None:
         signal.signal(sig, lambda *_: stop.set())
     try:
         spark = spark_session.session(settings, "lakesync-runner")
+        projections = all_projections()
+        # The fencing tokens of this run, every one before any query commits: any older
+        # runner still alive is now a zombie, whatever moment it wakes up at.
+        fences = {p.NAME: fencing.take(spark, settings, p.NAME, [t.table for t in p.targets(settings) if t.delta])
+                  for p in projections}
+        # Written before the first batch: `start_background` and `status` read it.
+        settings.runner_pidfile.parent.mkdir(parents=True, exist_ok=True)
+        settings.runner_pidfile.write_text(str(os.getpid()))
         queries = []
         # A projection fed by Delta tables (views) starts once its tables exist; with
         # availableNow, once the projections feeding them have finished, so it sees them whole.
-        waiting = [p for p in all_projections() if hasattr(p, "ready") and (once or not p.ready(settings))]
-        for projection in all_projections():
+        waiting = [p for p in projections if hasattr(p, "ready") and (once or not p.ready(settings))]
+        for projection in projections:
             if projection not in waiting:
-                queries.append(_start(spark, settings, projection, once))
-        # Written once the queries run: `start_background` and `status` read it.
-        settings.runner_pidfile.parent.mkdir(parents=True, exist_ok=True)
-        settings.runner_pidfile.write_text(str(os.getpid()))
+                queries.append(_start(spark, settings, projection, once, fences[projection.NAME]))
         while not stop.is_set():
             upstream_done = all(not q.isActive for q in queries)
             for projection in list(waiting):
                 if projection.ready(settings) and (upstream_done or not once):
-                    queries.append(_start(spark, settings, projection, once))
+                    queries.append(_start(spark, settings, projection, once, fences[projection.NAME]))
                     waiting.remove(projection)
             for query in queries:
                 if not query.isActive:
@@ -62,16 +67,16 @@ def run(settings: Settings, once: bool = False) -> None:
             if all(not q.isActive for q in queries) and not any(p.ready(settings) for p in waiting):
                 return  # (a projection still waiting has no input tables: nothing to do)
             stop.wait(0.5)
-        for query in queries:
+        # Downstream first: a views batch may be waiting for the mirrors to catch up, and
+        # must finish (or not start) while they still run.
+        for query in reversed(queries):
             query.stop()
     finally:
         if settings.runner_pidfile.exists() and settings.runner_pidfile.read_text() == str(os.getpid()):
             settings.runner_pidfile.unlink()
 
 
-def _start(spark, settings: Settings, projection, once: bool):
-    # The fencing token of this run: any older runner still alive is now a zombie.
-    fence = fencing.take(spark, settings, projection.NAME, [t.table for t in projection.targets(settings) if t.delta])
+def _start(spark, settings: Settings, projection, once: bool, fence: fencing.Fence):
     # A pool per projection: the FAIR scheduler shares the two cores between them.
     spark.sparkContext.setLocalProperty("spark.scheduler.pool", projection.NAME)
     return projection.start(spark, settings, once, fence)
