@@ -29,7 +29,7 @@ from projections import Target
 from sync.config import Settings
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
-from sync.delta.merge import ensure_table
+from sync.delta.merge import ensure_table, merge_metrics
 
 NAME = "customer_history"
 ATTRIBUTES = "id bigint, name string, email string, tier string, created_at string, updated_at string"
@@ -111,13 +111,11 @@ def apply(context) -> int:
         on = " AND ".join(f"t.{k} = s.{k}" for k in VERSION_KEY)
         changed = ("NOT (t.valid_to_commit_lsn <=> s.valid_to_commit_lsn AND t.valid_to_lsn <=> s.valid_to_lsn "
                    "AND t.is_current <=> s.is_current)")
-        result = (DeltaTable.forPath(spark, target).alias("t").merge(merged.alias("s"), on)
-                  .whenMatchedUpdate(condition=changed, set={c: f"s.{c}" for c in (
-                      "valid_to_commit_lsn", "valid_to_lsn", "valid_to_ts", "is_current")})
-                  .whenNotMatchedInsertAll()
-                  .execute())
-        row = result.first() if result is not None else None
-        metrics.update(row.asDict() if row is not None else {})
+        builder = (DeltaTable.forPath(spark, target).alias("t").merge(merged.alias("s"), on)
+                   .whenMatchedUpdate(condition=changed, set={c: f"s.{c}" for c in (
+                       "valid_to_commit_lsn", "valid_to_lsn", "valid_to_ts", "is_current")})
+                   .whenNotMatchedInsertAll())
+        metrics.update(merge_metrics(builder.execute()))
 
     commit_batch(spark, f"views:{NAME}", context.batch_id, merge, context.fence, context.settings.fault)
     return int(metrics.get("num_affected_rows", 0))

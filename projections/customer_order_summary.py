@@ -22,7 +22,7 @@ from projections import Target
 from sync.config import Settings
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
-from sync.delta.merge import ensure_table
+from sync.delta.merge import ensure_table, merge_metrics
 
 NAME = "customer_order_summary"
 SCHEMA = ("customer_id bigint, name string, tier string, order_count bigint, lifetime_value decimal(38,2), "
@@ -81,14 +81,12 @@ def apply(context) -> int:
     columns = [c for c in rows.columns if c != "_gone"]
 
     def merge() -> None:
-        result = (DeltaTable.forPath(spark, path(context.settings)).alias("t")
-                  .merge(rows.alias("s"), "t.customer_id = s.customer_id")
-                  .whenMatchedDelete(condition="s._gone")
-                  .whenMatchedUpdate(set={c: f"s.{c}" for c in columns})
-                  .whenNotMatchedInsert(condition="NOT s._gone", values={c: f"s.{c}" for c in columns})
-                  .execute())
-        row = result.first() if result is not None else None
-        metrics.update(row.asDict() if row is not None else {})
+        builder = (DeltaTable.forPath(spark, path(context.settings)).alias("t")
+                   .merge(rows.alias("s"), "t.customer_id = s.customer_id")
+                   .whenMatchedDelete(condition="s._gone")
+                   .whenMatchedUpdate(set={c: f"s.{c}" for c in columns})
+                   .whenNotMatchedInsert(condition="NOT s._gone", values={c: f"s.{c}" for c in columns}))
+        metrics.update(merge_metrics(builder.execute()))
 
     commit_batch(spark, f"views:{NAME}", context.batch_id, merge, context.fence, context.settings.fault)
     return int(metrics.get("num_affected_rows", 0))

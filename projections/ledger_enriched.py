@@ -35,7 +35,7 @@ from projections import Target, customer_history
 from sync.config import Settings
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
-from sync.delta.merge import ensure_table
+from sync.delta.merge import ensure_table, merge_metrics
 from sync.ledger import ledger_path
 
 NAME = "ledger_enriched"
@@ -113,13 +113,11 @@ def apply(context) -> int:
 
     def merge() -> None:
         differs = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in CUSTOMER)
-        result = (DeltaTable.forPath(spark, path(context.settings)).alias("t")
-                  .merge(enriched.alias("s"), "t.event_id = s.event_id")
-                  .whenMatchedUpdate(condition=differs, set={c: f"s.{c}" for c in [*CUSTOMER, "_applied_at"]})
-                  .whenNotMatchedInsertAll()
-                  .execute())
-        row = result.first() if result is not None else None
-        metrics.update(row.asDict() if row is not None else {})
+        builder = (DeltaTable.forPath(spark, path(context.settings)).alias("t")
+                   .merge(enriched.alias("s"), "t.event_id = s.event_id")
+                   .whenMatchedUpdate(condition=differs, set={c: f"s.{c}" for c in [*CUSTOMER, "_applied_at"]})
+                   .whenNotMatchedInsertAll())
+        metrics.update(merge_metrics(builder.execute()))
 
     commit_batch(spark, f"views:{NAME}", context.batch_id, merge, context.fence, context.settings.fault)
     return int(metrics.get("num_affected_rows", 0))

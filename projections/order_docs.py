@@ -38,7 +38,7 @@ from sync import search
 from sync.config import Settings
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
-from sync.delta.merge import ensure_table
+from sync.delta.merge import ensure_table, merge_metrics
 
 NAME = "order_docs"
 LINE = "struct<line_no:int,product_id:bigint,qty:int,unit_price:decimal(12,2)>"
@@ -182,10 +182,9 @@ def commit(context, fresh: DataFrame | None) -> int:
     metrics = {}
 
     def merge() -> None:
-        result = (DeltaTable.forPath(spark, target).alias("t").merge(fresh.alias("s"), "t.order_id = s.order_id")
-                  .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
-        row = result.first() if result is not None else None
-        metrics.update(row.asDict() if row is not None else {})
+        builder = (DeltaTable.forPath(spark, target).alias("t").merge(fresh.alias("s"), "t.order_id = s.order_id")
+                   .whenMatchedUpdateAll().whenNotMatchedInsertAll())
+        metrics.update(merge_metrics(builder.execute()))
 
     commit_batch(spark, f"views:{NAME}", context.batch_id, merge, context.fence, context.settings.fault)
     if context.settings.search_url:

@@ -118,8 +118,13 @@ def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
     if truncated_at is not None:
         merge = merge.whenNotMatchedBySourceDelete(
             condition=f"NOT {newer_than_literal(truncated_at, side='t')}")
-    metrics = merge.execute()
-    row = metrics.first() if metrics is not None else None  # no row: skipped as already applied
+    return merge_metrics(merge.execute())
+
+
+def merge_metrics(result: DataFrame | None) -> dict[str, int]:
+    """Delta's metrics of one MERGE (num_affected_rows, ...); empty when Delta skipped
+    the commit as already applied (commit.py: same txnAppId and txnVersion)."""
+    row = result.first() if result is not None else None
     return row.asDict() if row is not None else {}
 
 
