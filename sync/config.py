@@ -61,6 +61,8 @@ class Settings:
     # The search index order documents are pushed to (OpenSearch/Elasticsearch `_bulk`);
     # empty when LAKESYNC_SEARCH_URL=off.
     search_url: str = ""
+    # Where the runner serves Prometheus metrics (127.0.0.1); 0 when LAKESYNC_METRICS_PORT=off.
+    metrics_port: int = 0
     secrets_file: Path = field(init=False)
     pgpass_file: Path = field(init=False)
 
@@ -123,6 +125,11 @@ class Settings:
         return self.home / "runner.pid"
 
     @property
+    def runner_jvm_pidfile(self) -> Path:
+        """The runner's Spark JVM, which outlives a SIGKILLed runner for a moment."""
+        return self.home / "runner-jvm.pid"
+
+    @property
     def logs(self) -> Path:
         return self.home / "logs"
 
@@ -148,6 +155,7 @@ def load() -> Settings:
         connect_secrets_path=_env("LAKESYNC_CONNECT_SECRETS_FILE", ""),
         search_url="" if _env("LAKESYNC_SEARCH_URL", "") == "off"
         else _env("LAKESYNC_SEARCH_URL", "http://127.0.0.1:19200").rstrip("/"),
+        metrics_port=0 if _env("LAKESYNC_METRICS_PORT", "") == "off" else int(_env("LAKESYNC_METRICS_PORT", "19400")),
     )
     # Passwords never sit in a DSN: libpq reads them from this file (user-set wins).
     os.environ.setdefault("PGPASSFILE", str(settings.pgpass_file))

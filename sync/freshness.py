@@ -135,7 +135,7 @@ def processed_versions(checkpoint: Path, tables: list[str]) -> Offsets:
     return done
 
 
-def _ends(settings: Settings, projection) -> Offsets:
+def input_ends(settings: Settings, projection) -> Offsets:
     """What a projection has to read: per Kafka topic partition the next offset, or per
     input Delta table (as partition 0) the next version."""
     if projection.TOPIC_PATTERN is not None:
@@ -143,8 +143,8 @@ def _ends(settings: Settings, projection) -> Offsets:
     return {(t, 0): latest_version(t) + 1 for t in projection.inputs(settings) if latest_version(t) >= 0}
 
 
-def _done(settings: Settings, projection) -> Offsets:
-    """What its last committed batch has read, in the same terms as `_ends`."""
+def processed(settings: Settings, projection) -> Offsets:
+    """What its last committed batch has read, in the same terms as `input_ends`."""
     checkpoint = settings.checkpoints / projection.NAME
     if projection.TOPIC_PATTERN is not None:
         return processed_offsets(checkpoint)
@@ -154,7 +154,7 @@ def _done(settings: Settings, projection) -> Offsets:
 def lags(settings: Settings) -> list[Lag]:
     result = []
     for projection in all_projections():
-        end, done = _ends(settings, projection), _done(settings, projection)
+        end, done = input_ends(settings, projection), processed(settings, projection)
         behind = sum(max(0, high - done.get(tp, 0)) for tp, high in end.items())
         result.append(Lag(projection.NAME, behind, end, done))
     return result
@@ -178,12 +178,12 @@ def wait(settings: Settings, timeout: float = 120.0) -> float:
                            f"the WAL position of the call (connector {CONNECTOR_NAME})")
         time.sleep(0.2)
     kafka_fed = [p for p in all_projections() if p.TOPIC_PATTERN is not None]
-    goals = {p.NAME: _ends(settings, p) for p in kafka_fed}
+    goals = {p.NAME: input_ends(settings, p) for p in kafka_fed}
     delta_fed = [p for p in all_projections() if p.TOPIC_PATTERN is None]
     while True:
         behind = []
         for projection in kafka_fed + [p for p in delta_fed if p.NAME in goals]:
-            done = _done(settings, projection)
+            done = processed(settings, projection)
             missing = sum(max(0, high - done.get(tp, 0)) for tp, high in goals[projection.NAME].items())
             if missing:
                 unit = "records" if projection.TOPIC_PATTERN is not None else "table versions"
@@ -192,7 +192,7 @@ def wait(settings: Settings, timeout: float = 120.0) -> float:
             if all(p.NAME in goals for p in delta_fed):
                 return time.monotonic() - started
             # Step 6: the Delta inputs are complete now; their versions are the next goal.
-            goals.update({p.NAME: _ends(settings, p) for p in delta_fed})
+            goals.update({p.NAME: input_ends(settings, p) for p in delta_fed})
             continue
         if time.monotonic() > deadline:
             raise NotFresh(f"not fresh after {timeout:.0f}s: " + ", ".join(behind) +

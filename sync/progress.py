@@ -1,4 +1,5 @@
-"""Per-projection progress the runner leaves for `status`: last batch, rows applied.
+"""Per-projection progress the runner leaves for `status`: last batch, rows applied
+(and gives to the runner's metrics, sync/metrics.py).
 
 One small JSON file per projection under <lake>/_progress, replaced atomically after
 each batch's commits, so a reader never sees half of it.
@@ -11,11 +12,13 @@ import os
 import time
 from typing import Any
 
+from sync import metrics
 from sync.config import Settings
 
 
 class Progress:
     def __init__(self, settings: Settings, projection: str):
+        self.projection = projection
         self.path = settings.progress_dir / f"{projection}.json"
         self.state: dict[str, Any] = read(settings, projection)
 
@@ -38,6 +41,7 @@ class Progress:
             tables.setdefault(table, {"rows_applied": 0})["stopped"] = reason
         self.state.update(batch_id=batch_id, last_batch_at=time.time(),
                           last_batch_seconds=round(time.time() - started, 3))
+        metrics.observe_batch(self.projection, time.time() - started, applied_by_table, dead_letters_by_table or {})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.state))

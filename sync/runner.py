@@ -12,8 +12,10 @@ import signal
 import sys
 import threading
 
+from pathlib import Path
+
 from projections import all_projections
-from sync import spark as spark_session
+from sync import metrics, spark as spark_session
 from sync.config import ROOT, Settings
 from sync.delta import fencing
 from sync.errors import Fenced, LakesyncError, ServiceUnavailable
@@ -30,18 +32,22 @@ def run(settings: Settings, once: bool = False) -> None:
     if read_pid(settings.runner_pidfile):
         raise RunnerFailed(f"a runner is already running (pid {read_pid(settings.runner_pidfile)}); "
                            "two runners of the same projections must not both commit")
+    reap_orphaned_jvm(settings)
+    projections = all_projections()
+    sampler = metrics.serve(settings, projections)  # first: a port in use stops us before Spark starts
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
         spark = spark_session.session(settings, "lakesync-runner")
-        projections = all_projections()
         # The fencing tokens of this run, every one before any query commits: any older
         # runner still alive is now a zombie, whatever moment it wakes up at.
         fences = {p.NAME: fencing.take(spark, settings, p.NAME, [t.table for t in p.targets(settings) if t.delta])
                   for p in projections}
         # Written before the first batch: `start_background` and `status` read it.
         settings.runner_pidfile.parent.mkdir(parents=True, exist_ok=True)
+        jvm = spark._jvm.java.lang.ProcessHandle.current().pid()
+        settings.runner_jvm_pidfile.write_text(f"{jvm} {os.getpid()}")
         settings.runner_pidfile.write_text(str(os.getpid()))
         queries = []
         # A projection fed by Delta tables (views) starts once its tables exist; with
@@ -72,8 +78,38 @@ def run(settings: Settings, once: bool = False) -> None:
         for query in reversed(queries):
             query.stop()
     finally:
+        if sampler:
+            sampler.stopped.set()
         if settings.runner_pidfile.exists() and settings.runner_pidfile.read_text() == str(os.getpid()):
             settings.runner_pidfile.unlink()
+        if settings.runner_jvm_pidfile.exists() and settings.runner_jvm_pidfile.read_text().endswith(f" {os.getpid()}"):
+            settings.runner_jvm_pidfile.unlink()  # our JVM exits with us (stdin closes)
+
+
+def reap_orphaned_jvm(settings: Settings) -> None:
+    """Kill the Spark JVM a dead runner left behind, before a new run starts.
+
+    A runner killed with SIGKILL leaves its JVM running until the JVM notices its stdin
+    closed, and then it shuts its queries down gracefully. Meanwhile its queries may still
+    write the next entry of their offset logs, and a new run writing the same entry fails
+    with "multiple streaming jobs detected". Its Python half is gone, so it cannot commit
+    a batch: killing it loses nothing. The file names the JVM and its runner; the JVM is
+    killed only when that runner is dead (a paused runner is left to the fencing tokens)
+    and the pid still is a Spark JVM (pids are reused).
+    """
+    try:
+        jvm, runner = (int(pid) for pid in settings.runner_jvm_pidfile.read_text().split())
+    except (OSError, ValueError):
+        jvm = runner = 0
+    if jvm and pid_alive(jvm) and not pid_alive(runner):
+        try:
+            command = Path(f"/proc/{jvm}/cmdline").read_bytes()
+        except OSError:
+            command = b""
+        if b"org.apache.spark.deploy.SparkSubmit" in command:
+            os.kill(jvm, signal.SIGKILL)
+            wait_until(lambda: not pid_alive(jvm), 30, f"the exit of a dead runner's JVM (pid {jvm})")
+    settings.runner_jvm_pidfile.unlink(missing_ok=True)
 
 
 def _start(spark, settings: Settings, projection, once: bool, fence: fencing.Fence):

@@ -71,6 +71,8 @@ def collect(settings: Settings) -> dict[str, Any]:
                 "name": target.name, "kind": target.kind, "table": target.table,
                 "lag": projection.lag_of(target, topic_lag) if kafka_ok else None,
                 "last_batch_at": _iso(table_state.get("last_batch_at")),
+                "last_batch_rows": table_state.get("last_batch_rows"),
+                "last_batch_seconds": state.get("last_batch_seconds"),
                 "rows_applied": table_state.get("rows_applied", 0),
                 "dead_letters": table_state.get("dead_letters", 0),
                 "stopped": table_state.get("stopped"),

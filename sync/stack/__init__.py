@@ -72,6 +72,9 @@ def down(settings: Settings, say: Callable[[str], None] = print) -> None:
         stop_pid(runner, timeout=60)
         say("  runner               stopped")
     settings.runner_pidfile.unlink(missing_ok=True)
+    from sync.runner import reap_orphaned_jvm  # (sync.runner imports this package)
+
+    reap_orphaned_jvm(settings)
     for name, service in (("connect", Connect(settings)), ("kafka", Kafka(settings)),
                           ("postgres", Postgres(settings)),
                           ("opensearch", OpenSearch(settings.home, settings.jars, settings.search_port))):

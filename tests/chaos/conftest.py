@@ -10,6 +10,8 @@ os.environ.update({
     "LAKESYNC_PG_DSN": "postgresql://lakesync_admin@127.0.0.1:35432/lakesync",
     "LAKESYNC_KAFKA_BOOTSTRAP": "127.0.0.1:39092",
     "LAKESYNC_CONNECT_URL": "http://127.0.0.1:38083",
+    "LAKESYNC_SEARCH_URL": "http://127.0.0.1:39200",
+    "LAKESYNC_METRICS_PORT": "39400",
 })
 
 from tests.e2e.conftest import app_db, db, stack, synced  # noqa: E402,F401  (the same fixtures)

@@ -6,7 +6,8 @@ through the outbox, the runner is killed with SIGKILL five times at random momen
 restarted once. At the end the barrier and verify must show every mirror equal to
 Postgres, no key held twice, the changelog holding every record once, and the ledger
 holding every posting once with intact chains and balances equal to Postgres: nothing
-lost, nothing doubled. The figures go to <home>/chaos.json.
+lost, nothing doubled. A runner that exits on its own is started again, as its
+supervisor would, and its reason is reported. The figures go to <home>/chaos.json.
 """
 
 import json
@@ -125,6 +126,13 @@ class BankClient(Workload):
         engine.dispose()
 
 
+def exit_reason(settings) -> str:
+    """Why the runner exited on its own: its last error message, or its log's last lines."""
+    log = (settings.logs / "runner.log").read_text(errors="replace").splitlines()
+    reasons = [line for line in log if line.startswith("lakesync run:")]
+    return reasons[-1] if reasons else "\n".join(log[-10:])
+
+
 def kill_runner(settings) -> None:
     pid = read_pid(settings.runner_pidfile)
     assert pid, "no runner to kill"
@@ -150,16 +158,20 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
     started = time.monotonic()
     faults = ["kill"] * KILLS + ["connect", "kafka", "postgres"]
     rng.shuffle(faults)
-    done = []
+    done, exits = [], []  # the faults done; why the runner exited when nobody killed it
     for fault in faults:
         time.sleep(rng.uniform(3, 12))  # a random moment under load: that is the point
         if fault == "kill":
+            if read_pid(stack.runner_pidfile) is None:  # it exited on its own: say why, run it again
+                exits.append(exit_reason(stack))
+                start_background(stack)
             kill_runner(stack)
             start_background(stack)
         else:
             service = {"connect": Connect, "kafka": Kafka, "postgres": Postgres}[fault](stack)
             restart(stack, service)
             if read_pid(stack.runner_pidfile) is None:  # the runner may not survive a broker restart
+                exits.append(exit_reason(stack))
                 start_background(stack)
                 done.append("runner restarted after " + fault)
         done.append(fault)
@@ -167,7 +179,9 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
     stop.set()
     for client in clients:
         client.join(timeout=30)
-    start_background(stack)
+    if read_pid(stack.runner_pidfile) is None:
+        exits.append(exit_reason(stack))
+        start_background(stack)
     reports = synced(timeout=600)  # the backlog after the last fault: minutes on 2 cores
     figures = {
         "transactions_committed": sum(c.committed for c in clients),
@@ -176,6 +190,7 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
         "client_errors_during_restarts": sum(c.failed for c in clients),
         "runner_kills": done.count("kill"),
         "restarts": [f for f in done if f != "kill"],
+        "runner_exits_on_its_own": exits,
         "seconds": round(time.monotonic() - started, 1),
         "differences": sum(r.differences for r in reports.values()),
         "tables_compared": len(reports),

@@ -89,7 +89,9 @@ def start_runner(settings, fault):
     before the runner has started all its queries). Its output goes to
     <home>/logs/runner-<fault>.log."""
     log = settings.logs / f"runner-{fault}.log"
-    env = {**os.environ, "LAKESYNC_FAULT": fault, "PYTHONPATH": str(config.ROOT)}
+    # No metrics endpoint: a paused runner would keep the port from the run that replaces
+    # it, which, on another host as a real zombie would be, has a port of its own.
+    env = {**os.environ, "LAKESYNC_FAULT": fault, "LAKESYNC_METRICS_PORT": "off", "PYTHONPATH": str(config.ROOT)}
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, "-m", "sync", "run"], env=env, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)

@@ -5,6 +5,7 @@ import socket
 
 import pytest
 
+from sync.stack.process import wait_until
 from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.e2e
@@ -59,3 +60,40 @@ def test_port_in_use_is_named(tmp_path):
     assert result.returncode != 0
     assert f"port {port}" in result.stderr and "already in use" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """The runner's metrics endpoint, as {(name, sorted labels): value}."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_runner_serves_prometheus_metrics(stack, app_db, synced):
+    app_db.execute("INSERT INTO customers (id, name) VALUES (5001, 'metrics') ON CONFLICT DO NOTHING")
+    synced("customers")
+    lag = ("lakesync_lag", (("projection", "mirrors"), ("unit", "records")))
+    # The sampler reads lag every few seconds; the barrier above says it is 0 by now.
+    wait_until(lambda: _scrape(stack.metrics_port).get(lag) == 0, 60, "a sample showing the mirrors caught up")
+    scraped = _scrape(stack.metrics_port)
+    assert scraped[("lakesync_up", ())] == 1
+    assert scraped[("lakesync_freshness_seconds", (("projection", "mirrors"),))] < 60
+    assert scraped[("lakesync_batch_duration_seconds_count", (("projection", "mirrors"),))] > 0
+    assert scraped[("lakesync_rows_applied_total", (("projection", "mirrors"), ("table", "customers")))] > 0
+    assert ("lakesync_lag", (("projection", "views"), ("unit", "table_versions"))) in scraped
+
+
+def test_metrics_port_in_use_is_named(stack, tmp_path):
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        result = lakesync("run", "--once", env={"LAKESYNC_HOME": str(tmp_path / "home"),
+                                                "LAKESYNC_METRICS_PORT": str(port)})
+    assert result.returncode == 2
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
