@@ -29,15 +29,13 @@ from projections import mirrors, views
 from sync.config import CONNECTOR_NAME, SLOT, Settings
 from sync.errors import StackError
 from sync.freshness import end_offsets, pg_connect
+from sync.runner import stop_background
 from sync.stack.connect import Connect, connector_status, rest
-from sync.stack.process import read_pid, stop_pid
 from sync.stream import note_start_offsets
 
 
 def resnapshot(settings: Settings, say=print) -> None:
-    runner = read_pid(settings.runner_pidfile)
-    if runner:
-        stop_pid(runner, timeout=120)
+    if stop_background(settings):
         say("  runner               stopped")
     rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/stop")
     _wait_for(settings, "STOPPED")

@@ -20,7 +20,7 @@ from sync.config import ROOT, Settings
 from sync.delta import fencing
 from sync.errors import Fenced, LakesyncError, ServiceUnavailable
 from sync.stack.kafka import kafka_ready
-from sync.stack.process import pid_alive, read_pid, spawn, wait_until
+from sync.stack.process import pid_alive, read_pid, spawn, stop_pid, wait_until
 
 class RunnerFailed(LakesyncError):
     exit_code = 1
@@ -71,12 +71,17 @@ def run(settings: Settings, once: bool = False) -> None:
                             raise Fenced(fenced)
                         raise RunnerFailed(f"projection {query.name} failed: {_first_line(error)}")
             if all(not q.isActive for q in queries) and not any(p.ready(settings) for p in waiting):
-                return  # (a projection still waiting has no input tables: nothing to do)
+                break  # (a projection still waiting has no input tables: nothing to do)
             stop.wait(0.5)
         # Downstream first: a views batch may be waiting for the mirrors to catch up, and
         # must finish (or not start) while they still run.
         for query in reversed(queries):
             query.stop()
+        # Every query has stopped, so the next run need not stamp the tables. (Not reached
+        # when a stop fails: a SIGTERM sent to the whole process group also reaches the
+        # JVM, whose shutdown hook stops Spark under the queries; the next run stamps.)
+        for fence in fences.values():
+            fence.close()
     finally:
         if sampler:
             sampler.stopped.set()
@@ -128,6 +133,18 @@ def start_background(settings: Settings) -> int:
                 env={**os.environ, "PYTHONPATH": str(ROOT)})
     wait_until(lambda: _started_or_dead(settings, pid, log), 180, "the runner", log)
     return pid
+
+
+def stop_background(settings: Settings, timeout: float = 120) -> bool:
+    """Stop a running runner between batches; True if one ran.
+
+    SIGTERM goes to the runner alone: it stops its queries, closes its fences, and its
+    Spark JVM exits after it. A signal to the whole process group would reach the JVM
+    too, whose shutdown hook stops Spark under the queries. SIGKILL after `timeout`."""
+    pid = read_pid(settings.runner_pidfile)
+    if pid:
+        stop_pid(pid, timeout=timeout, group=False)
+    return pid is not None
 
 
 def _started_or_dead(settings: Settings, pid: int, log) -> bool:

@@ -4,12 +4,18 @@ A run takes a fencing token, a monotonic epoch per projection, before its querie
 start. Steps of `take`, in order:
   1. Claim the next epoch by creating `<lake>/_fencing/<projection>/<epoch>` exclusively
      (O_EXCL: of two runs starting at once, one gets N and the other N+1).
-  2. Stamp the epoch into every existing target table's properties (`lakesync.epoch`).
-     That is a metadata commit: a zombie whose write was already under way when the
-     stamp landed fails Delta's conflict check (MetadataChangedException) instead of
-     committing.
+  2. If the run before (epoch N-1) closed its fence, skip step 3: it stopped its
+     queries before it closed, and any older run was fenced by a stamp already (the
+     run after it stamped, or closed in turn). Stamping costs a commit per table, half
+     a minute of start-up for every table of the projections on two cores.
+  3. Stamp the epoch into every existing target table's properties (`lakesync.epoch`),
+     several tables at once. That is a metadata commit: a zombie whose write was already
+     under way when the stamp landed fails Delta's conflict check
+     (MetadataChangedException) instead of committing.
 Before every commit (sync/delta/commit.py) the writer checks that no higher epoch has
-been claimed; a zombie finds one and aborts with `Fenced` before writing.
+been claimed; a zombie finds one and aborts with `Fenced` before writing. A run that
+stops its queries cleanly closes its fence (`<epoch>.closed`); one that crashed or was
+killed does not, so the run after it stamps.
 
 What is left: a zombie that checks just before a newer run claims its epoch and
 commits just after the stamp. It then commits the batch the offset log fixed for it,
@@ -35,7 +41,7 @@ def registry(settings: Settings, projection: str) -> Path:
 
 
 def latest_epoch(folder: Path) -> int:
-    epochs = [int(p.name) for p in folder.glob("[0-9]*")] if folder.is_dir() else []
+    epochs = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
     return max(epochs, default=0)
 
 
@@ -50,6 +56,10 @@ class Fence:
         if newest > self.epoch:
             raise Fenced(f"projection {self.projection}: fenced, a newer run holds epoch {newest} "
                          f"(this run has {self.epoch}); not committing")
+
+    def close(self) -> None:
+        """This run's queries have stopped: the next run need not stamp the tables."""
+        (self.folder / f"{self.epoch:012d}.closed").touch()
 
     @property
     def properties(self) -> dict[str, str]:
@@ -68,11 +78,16 @@ def take(spark, settings: Settings, projection: str, tables: list[str]) -> Fence
             break
         except FileExistsError:
             epoch += 1
+    if (folder / f"{epoch - 1:012d}.closed").exists() or epoch == 1:
+        return Fence(projection, epoch, folder)
+    from concurrent.futures import ThreadPoolExecutor
+
     from delta.tables import DeltaTable
 
-    for table in tables:
-        if not DeltaTable.isDeltaTable(spark, table):
-            continue  # created later, with the epoch in its first commit
-        spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('{EPOCH_PROPERTY}' = '{epoch}')")
-    return Fence(projection, epoch, folder)
+    def stamp(table: str) -> None:
+        if DeltaTable.isDeltaTable(spark, table):  # (one not there yet gets the epoch when created)
+            spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('{EPOCH_PROPERTY}' = '{epoch}')")
 
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(stamp, tables))
+    return Fence(projection, epoch, folder)

@@ -19,7 +19,6 @@ from sync.stack.connect import Connect
 from sync.stack.kafka import Kafka
 from sync.stack.opensearch import OpenSearch
 from sync.stack.postgres import Postgres
-from sync.stack.process import read_pid, stop_pid
 
 
 def ensure_secrets(settings: Settings) -> None:
@@ -67,13 +66,11 @@ def connect_external(settings: Settings, say: Callable[[str], None] = print) -> 
 
 
 def down(settings: Settings, say: Callable[[str], None] = print) -> None:
-    runner = read_pid(settings.runner_pidfile)
-    if runner:
-        stop_pid(runner, timeout=60)
+    from sync.runner import reap_orphaned_jvm, stop_background  # (sync.runner imports this package)
+
+    if stop_background(settings, timeout=60):
         say("  runner               stopped")
     settings.runner_pidfile.unlink(missing_ok=True)
-    from sync.runner import reap_orphaned_jvm  # (sync.runner imports this package)
-
     reap_orphaned_jvm(settings)
     for name, service in (("connect", Connect(settings)), ("kafka", Kafka(settings)),
                           ("postgres", Postgres(settings)),

@@ -71,11 +71,15 @@ def spawn(cmd: list[str], pidfile: Path | None, logfile: Path, env: dict[str, st
     return proc.pid
 
 
-def stop_pid(pid: int, timeout: float = 30.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after `timeout`."""
+def stop_pid(pid: int, timeout: float = 30.0, group: bool = True) -> None:
+    """SIGTERM the process group (or, with group=False, the process alone, which stops
+    its children itself), then SIGKILL the group after `timeout`."""
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
         try:
-            os.killpg(pid, sig)
+            if group or sig == signal.SIGKILL:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
         except ProcessLookupError:
             return
         except PermissionError:

@@ -15,7 +15,7 @@ import pytest
 
 from sync import config
 from sync.runner import start_background
-from sync.stack.process import read_pid, stop_pid, wait_until
+from sync.stack.process import read_pid, wait_until
 from sync.verify import verify
 
 
@@ -74,13 +74,6 @@ def synced(stack, spark):
         assert not bad, json.dumps(bad, indent=2, default=str)
         return {r.name: r for r in reports}
     return check
-
-
-def stop_runner(settings):
-    """Stop the session's background runner (between batches, as SIGTERM does)."""
-    pid = read_pid(settings.runner_pidfile)
-    if pid:
-        stop_pid(pid, timeout=120)
 
 
 def start_runner(settings, fault):

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from projections import changelog, mirrors
-from sync.runner import start_background
-from tests.e2e.conftest import lakesync, start_runner, stop_runner
+from sync.delta.fencing import latest_epoch
+from sync.runner import start_background, stop_background
+from tests.e2e.conftest import lakesync, start_runner
 
 pytestmark = pytest.mark.e2e
 
@@ -60,7 +61,7 @@ def products(app_db):
 @pytest.mark.parametrize("point", ["before_delta_commit", "after_delta_commit", "between_tables"])
 def test_a_crash_at_each_point_loses_and_doubles_nothing(point, stack, app_db, products, synced):
     base = {"before_delta_commit": 810000, "after_delta_commit": 820000, "between_tables": 830000}[point]
-    stop_runner(stack)
+    stop_background(stack)
     faulty = start_runner(stack, point)
     assert write_until_exit(app_db, faulty, base) == CRASHED
     assert f"LAKESYNC_FAULT: crashing at {point}" in faulty.log.read_text()
@@ -73,7 +74,7 @@ def test_a_crash_at_each_point_loses_and_doubles_nothing(point, stack, app_db, p
 def test_a_zombie_runner_is_fenced(stack, app_db, products, synced):
     """A runner frozen mid-batch (a GC pause, a stopped VM) is taken for dead; a new run
     starts. When the old one wakes up it must not commit."""
-    stop_runner(stack)
+    stop_background(stack)
     zombie = start_runner(stack, "pause_before_delta_commit")
     n = 0
     while _state(zombie.pid) != "T":
@@ -92,7 +93,7 @@ def test_a_zombie_runner_is_fenced(stack, app_db, products, synced):
     # the zombie stops, and below, the tables show it committed nothing once the newer run began.
     assert ("fenced, a newer run holds epoch" in output
             or "Multiple streaming jobs detected" in output), output[-3000:]
-    newer = max(int(p.name) for p in (stack.lake / "_fencing" / "mirrors").iterdir())
+    newer = latest_epoch(stack.lake / "_fencing" / "mirrors")
     for table in (mirrors.mirror_path(stack, "orders"), mirrors.mirror_path(stack, "order_items"),
                   Path(changelog.changelog_path(stack))):
         epochs = [_epoch(commit) for commit in sorted(Path(table, "_delta_log").glob("*.json"))]

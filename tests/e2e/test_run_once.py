@@ -6,17 +6,14 @@ again at the end, so the checkpoint is also shown to resume where it stopped.
 
 import pytest
 
-from sync.runner import start_background
-from sync.stack.process import read_pid, stop_pid
+from sync.runner import start_background, stop_background
 from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.e2e
 
 
 def test_run_once_processes_what_is_there_and_exits(stack, app_db, synced):
-    pid = read_pid(stack.runner_pidfile)
-    assert pid, "the session's runner is not running"
-    stop_pid(pid, timeout=60)
+    assert stop_background(stack, timeout=60), "the session's runner is not running"
 
     app_db.execute("INSERT INTO products (id, sku, name, price) SELECT g, 'ONCE-' || g, 'once', g "
                    "FROM generate_series(7000, 7099) g")

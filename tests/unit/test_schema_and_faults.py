@@ -1,11 +1,12 @@
 """Pure rules behind schema evolution, fencing and the runner's error reports."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pyspark.sql import types as T
 
-from sync.delta.fencing import Fence, latest_epoch
+from sync.delta.fencing import Fence, latest_epoch, take
 from sync.delta.schema import widens
 from sync.errors import Fenced
 from sync.runner import _raised
@@ -35,6 +36,17 @@ def test_a_fence_is_overtaken_by_any_higher_epoch(tmp_path: Path):
     assert latest_epoch(tmp_path) == 4
     with pytest.raises(Fenced, match="newer run holds epoch 4"):
         fence.check()
+
+
+def test_a_closed_fence_is_not_an_epoch_and_spares_the_next_run_its_stamps(tmp_path: Path):
+    settings = SimpleNamespace(lake=tmp_path)
+    first = take(None, settings, "mirrors", ["<a table>"])  # the first run: nothing to fence
+    first.close()
+    assert latest_epoch(first.folder) == 1
+    # The run before closed: no stamp, so no Spark is needed (None would fail if used).
+    second = take(None, settings, "mirrors", ["<a table>"])
+    assert second.epoch == 2 and sorted(p.name for p in second.folder.iterdir()) == [
+        "000000000001", "000000000001.closed", "000000000002"]
 
 
 def test_the_runner_finds_our_error_inside_sparks_report():
