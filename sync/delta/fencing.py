@@ -6,8 +6,8 @@ start. Steps of `take`, in order:
      (O_EXCL: of two runs starting at once, one gets N and the other N+1).
   2. If the run before (epoch N-1) closed its fence, skip step 3: it stopped its
      queries before it closed, and any older run was fenced by a stamp already (the
-     run after it stamped, or closed in turn). Stamping costs a commit per table, half
-     a minute of start-up for every table of the projections on two cores.
+     run after it stamped, or closed in turn). Stamping costs a commit per table: over
+     all the projections' tables, half a minute of each start-up on two cores.
   3. Stamp the epoch into every existing target table's properties (`lakesync.epoch`),
      several tables at once. That is a metadata commit: a zombie whose write was already
      under way when the stamp landed fails Delta's conflict check
