@@ -126,11 +126,16 @@ class BankClient(Workload):
         engine.dispose()
 
 
-def exit_reason(settings) -> str:
-    """Why the runner exited on its own: its last error message, or its log's last lines."""
+def restart_if_exited(settings, exits: list[str]) -> bool:
+    """Start the runner again if it exited on its own (as its supervisor would), noting
+    why in `exits`: its last error message, or its log's last lines."""
+    if read_pid(settings.runner_pidfile) is not None:
+        return False
     log = (settings.logs / "runner.log").read_text(errors="replace").splitlines()
     reasons = [line for line in log if line.startswith("lakesync run:")]
-    return reasons[-1] if reasons else "\n".join(log[-10:])
+    exits.append(reasons[-1] if reasons else "\n".join(log[-10:]))
+    start_background(settings)
+    return True
 
 
 def kill_runner(settings) -> None:
@@ -162,26 +167,20 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
     for fault in faults:
         time.sleep(rng.uniform(3, 12))  # a random moment under load: that is the point
         if fault == "kill":
-            if read_pid(stack.runner_pidfile) is None:  # it exited on its own: say why, run it again
-                exits.append(exit_reason(stack))
-                start_background(stack)
+            restart_if_exited(stack, exits)
             kill_runner(stack)
             start_background(stack)
         else:
             service = {"connect": Connect, "kafka": Kafka, "postgres": Postgres}[fault](stack)
             restart(stack, service)
-            if read_pid(stack.runner_pidfile) is None:  # the runner may not survive a broker restart
-                exits.append(exit_reason(stack))
-                start_background(stack)
+            if restart_if_exited(stack, exits):  # the runner may not survive a broker restart
                 done.append("runner restarted after " + fault)
         done.append(fault)
     time.sleep(5)  # some writes after the last fault, then the barrier below decides
     stop.set()
     for client in clients:
         client.join(timeout=30)
-    if read_pid(stack.runner_pidfile) is None:
-        exits.append(exit_reason(stack))
-        start_background(stack)
+    restart_if_exited(stack, exits)
     reports = synced(timeout=600)  # the backlog after the last fault: minutes on 2 cores
     figures = {
         "transactions_committed": sum(c.committed for c in clients),
