@@ -143,20 +143,28 @@ class ViewsBatch:
             for view in VIEWS:
                 view.ensure(spark, self.settings, self.fence)
             self.created = True
+        steps = Steps()
         records = batch.localCheckpoint(eager=True)
         changes = records.where("kind = 'change'")
         reach = changes.groupBy("_topic", "_partition").agg(F.max("_offset").alias("last")).collect()
         if not reach and records.where("kind = 'entry'").isEmpty():
             return  # a metadata-only version of an input (a fencing stamp): nothing to do
+        steps.done("read")
         self._wait_for_mirrors({(r["_topic"], r["_partition"]): r["last"] + 1 for r in reach})
+        steps.done("wait_for_mirrors")
         context = Context(spark, self.settings, self.fence, batch_id, changes,
                           records.where("kind = 'entry'").select("event_id", "account", "_commit_lsn", "_lsn"))
-        applied = {customer_history.NAME: customer_history.apply(context),
-                   ledger_enriched.NAME: ledger_enriched.apply(context)}
+        applied = {customer_history.NAME: customer_history.apply(context)}
+        steps.done(customer_history.NAME)
+        applied[ledger_enriched.NAME] = ledger_enriched.apply(context)
+        steps.done(ledger_enriched.NAME)
         documents = order_docs.prepare(context)
+        steps.done("order_docs_prepare")
         applied[customer_order_summary.NAME] = customer_order_summary.apply(context)
+        steps.done(customer_order_summary.NAME)
         applied[order_docs.NAME] = order_docs.commit(context, documents)
-        self.progress.record(batch_id, applied, started)
+        steps.done(order_docs.NAME)
+        self.progress.record(batch_id, applied, started, step_seconds=steps.seconds)
 
     def _wait_for_mirrors(self, needed: dict[tuple[str, int], int]) -> None:
         from sync.freshness import processed_offsets
@@ -173,6 +181,19 @@ class ViewsBatch:
                                     f"{MIRROR_WAIT_SECONDS} s; the views wait for them")
             self.fence.check()
             time.sleep(0.25)
+
+
+class Steps:
+    """Seconds per step of one batch, for `status --json` (where a slow batch's time goes)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._since = time.monotonic()
+
+    def done(self, step: str) -> None:
+        now = time.monotonic()
+        self.seconds[step] = round(now - self._since, 3)
+        self._since = now
 
 
 class Context:

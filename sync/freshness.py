@@ -160,6 +160,9 @@ def lags(settings: Settings) -> list[Lag]:
     return result
 
 
+NO_RUNNER_GRACE_SECONDS = 60  # how long the barrier waits for a runner that is not there
+
+
 def wait(settings: Settings, timeout: float = 120.0) -> float:
     """The freshness barrier; returns the seconds it took or raises NotFresh."""
     started = time.monotonic()
@@ -180,6 +183,7 @@ def wait(settings: Settings, timeout: float = 120.0) -> float:
     kafka_fed = [p for p in all_projections() if p.TOPIC_PATTERN is not None]
     goals = {p.NAME: input_ends(settings, p) for p in kafka_fed}
     delta_fed = [p for p in all_projections() if p.TOPIC_PATTERN is None]
+    runner_seen = time.monotonic()
     while True:
         behind = []
         for projection in kafka_fed + [p for p in delta_fed if p.NAME in goals]:
@@ -194,9 +198,16 @@ def wait(settings: Settings, timeout: float = 120.0) -> float:
             # Step 6: the Delta inputs are complete now; their versions are the next goal.
             goals.update({p.NAME: input_ends(settings, p) for p in delta_fed})
             continue
-        if time.monotonic() > deadline:
-            raise NotFresh(f"not fresh after {timeout:.0f}s: " + ", ".join(behind) +
-                           ("" if _runner_alive(settings) else "; no runner is running (`lakesync run`)"))
+        now = time.monotonic()
+        if _runner_alive(settings):
+            runner_seen = now
+        elif now - runner_seen > NO_RUNNER_GRACE_SECONDS or now > deadline:
+            # Nothing will catch up: say so now rather than at the deadline. The grace
+            # covers a runner just launched, which writes its pidfile once its JVM is up.
+            raise NotFresh(f"not fresh after {now - started:.0f}s: " + ", ".join(behind) +
+                           "; no runner is running (`lakesync run`)")
+        if now > deadline:
+            raise NotFresh(f"not fresh after {timeout:.0f}s: " + ", ".join(behind))
         time.sleep(0.2)
 
 

@@ -24,9 +24,11 @@ class Progress:
 
     def record(self, batch_id: int, applied_by_table: dict[str, int], started: float,
                dead_letters_by_table: dict[str, int] | None = None,
-               stopped_by_table: dict[str, str] | None = None) -> None:
+               stopped_by_table: dict[str, str] | None = None,
+               step_seconds: dict[str, float] | None = None) -> None:
         """After a batch: rows applied, dead letters written and stopped mirrors, per
-        table. A table that applied again is no longer stopped."""
+        table (a table that applied again is no longer stopped); the seconds each step
+        took, for a projection that measures its steps."""
         tables = self.state.setdefault("tables", {})
         for table, rows in applied_by_table.items():
             entry = tables.setdefault(table, {"rows_applied": 0})
@@ -41,6 +43,8 @@ class Progress:
             tables.setdefault(table, {"rows_applied": 0})["stopped"] = reason
         self.state.update(batch_id=batch_id, last_batch_at=time.time(),
                           last_batch_seconds=round(time.time() - started, 3))
+        if step_seconds:
+            self.state["last_batch_steps"] = step_seconds
         metrics.observe_batch(self.projection, time.time() - started, applied_by_table, dead_letters_by_table or {})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")

@@ -50,6 +50,8 @@ def run(settings: Settings, once: bool = False) -> None:
         settings.runner_jvm_pidfile.write_text(f"{jvm} {os.getpid()}")
         settings.runner_pidfile.write_text(str(os.getpid()))
         queries = []
+        by_name = {p.NAME: p for p in projections}
+        restarts = dict.fromkeys(by_name, 0)
         # A projection fed by Delta tables (views) starts once its tables exist; with
         # availableNow, once the projections feeding them have finished, so it sees them whole.
         waiting = [p for p in projections if hasattr(p, "ready") and (once or not p.ready(settings))]
@@ -62,13 +64,24 @@ def run(settings: Settings, once: bool = False) -> None:
                 if projection.ready(settings) and (upstream_done or not once):
                     queries.append(_start(spark, settings, projection, once, fences[projection.NAME]))
                     waiting.remove(projection)
-            for query in queries:
+            for index, query in enumerate(queries):
                 if not query.isActive:
                     error = query.exception()
                     if error is not None:
                         fenced = _raised(error, Fenced)
                         if fenced:
                             raise Fenced(fenced)
+                        if _checkpoint_conflict(error) and restarts[query.name] < CHECKPOINT_CONFLICT_RESTARTS:
+                            # An older run still alive (a zombie) wrote this query's next
+                            # offsets first. Its commits are fenced; ours resume from the
+                            # checkpoint, replaying the batch it planned.
+                            restarts[query.name] += 1
+                            print(f"lakesync run: projection {query.name}: another run wrote its checkpoint; "
+                                  f"restarting it ({restarts[query.name]}/{CHECKPOINT_CONFLICT_RESTARTS})",
+                                  file=sys.stderr, flush=True)
+                            queries[index] = _start(spark, settings, by_name[query.name], once,
+                                                    fences[query.name])
+                            continue
                         raise RunnerFailed(f"projection {query.name} failed: {_first_line(error)}")
             if all(not q.isActive for q in queries) and not any(p.ready(settings) for p in waiting):
                 break  # (a projection still waiting has no input tables: nothing to do)
@@ -151,6 +164,15 @@ def _started_or_dead(settings: Settings, pid: int, log) -> bool:
     if not pid_alive(pid):
         raise RunnerFailed(f"the runner exited during start-up; see {log}")
     return read_pid(settings.runner_pidfile) == pid
+
+
+CHECKPOINT_CONFLICT_RESTARTS = 3  # a zombie writes at most one offsets entry per query before it blocks
+
+
+def _checkpoint_conflict(error) -> bool:
+    """Spark's guard against two queries on one checkpoint (its offset log's entry exists)."""
+    text = str(getattr(error, "desc", None) or error)
+    return "Multiple streaming jobs detected" in text or "ConcurrentModificationException" in text
 
 
 def _raised(error, kind: type) -> str | None:

@@ -73,7 +73,9 @@ class Kafka(jvm.JavaService):
         config = self.dir / "server.properties"
         config.write_text(self.properties())
         if not (self.dir / "data" / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = "-"
+            while cluster_id.startswith("-"):  # as Kafka's Uuid.randomUuid: "-..." reads as an option
+                cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             result = subprocess.run(self.command(java, "kafka.tools.StorageTool", "format", "-t", cluster_id,
                                                  "-c", str(config)), capture_output=True, text=True)
             if result.returncode != 0:

@@ -7,6 +7,7 @@ start, every end-to-end test errors with the reason: nothing is skipped.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -38,6 +39,27 @@ def stack():
     start_background(settings)
     yield settings
     lakesync("down", check=True)
+
+
+FAULT_RUNNERS: list[subprocess.Popen] = []  # started by start_runner, killed after each test
+
+
+@pytest.fixture(autouse=True)
+def runner_restored(request):
+    """After each test, whatever it did to the runner (a fault, a pause, a stop) and
+    whether it passed or not: no fault runner is left, and the session's runner runs.
+    One failed fault test must not leave the tests after it waiting on nothing."""
+    yield
+    if "stack" not in request.fixturenames:
+        return
+    while FAULT_RUNNERS:
+        process = FAULT_RUNNERS.pop()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)  # a paused runner too; its JVM with it
+            process.wait(timeout=60)
+    stack = request.getfixturevalue("stack")
+    if read_pid(stack.runner_pidfile) is None:
+        start_background(stack)
 
 
 @pytest.fixture
@@ -89,6 +111,7 @@ def start_runner(settings, fault):
         process = subprocess.Popen([sys.executable, "-m", "sync", "run"], env=env, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     process.log = log
+    FAULT_RUNNERS.append(process)
     wait_until(lambda: read_pid(settings.runner_pidfile) == process.pid or process.poll() is not None,
                180, "the faulty runner", log)
     fired = process.poll() is not None and f"LAKESYNC_FAULT: crashing at {fault}" in log.read_text()

@@ -1,7 +1,7 @@
 """Effectively-once under faults (DESIGN.md section 5): crash points, a zombie runner,
 and concurrent projections that never mix up their transaction ids.
 
-Each test stops the session's runner, runs one with LAKESYNC_FAULT set under a
+Each test stops the session's runner, runs runners with LAKESYNC_FAULT set under a
 workload until the fault fires, restarts a healthy runner, and ends with the barrier
 and verify: every mirror equals Postgres, no key is held twice, and the changelog holds
 each Kafka record exactly once.
@@ -58,14 +58,19 @@ def products(app_db):
                    "ON CONFLICT DO NOTHING")
 
 
-@pytest.mark.parametrize("point", ["before_delta_commit", "after_delta_commit", "between_tables"])
-def test_a_crash_at_each_point_loses_and_doubles_nothing(point, stack, app_db, products, synced):
-    base = {"before_delta_commit": 810000, "after_delta_commit": 820000, "between_tables": 830000}[point]
+POINTS = {"before_delta_commit": 810000, "after_delta_commit": 820000, "between_tables": 830000}
+
+
+def test_a_crash_at_each_point_loses_and_doubles_nothing(stack, app_db, products, synced):
+    """One crash at each point in turn, each restart resuming from what the crash before
+    left, then one barrier and verify over all of them: a loss or a double at any point
+    shows in the end state (the chaos test kills at random moments as well)."""
     stop_background(stack)
-    faulty = start_runner(stack, point)
-    assert write_until_exit(app_db, faulty, base) == CRASHED
-    assert f"LAKESYNC_FAULT: crashing at {point}" in faulty.log.read_text()
-    order_with_lines(app_db, base + 5000, base + 5000)  # written while nothing runs
+    for point, base in POINTS.items():
+        faulty = start_runner(stack, point)
+        assert write_until_exit(app_db, faulty, base) == CRASHED, point
+        assert f"LAKESYNC_FAULT: crashing at {point}" in faulty.log.read_text(), point
+        order_with_lines(app_db, base + 5000, base + 5000)  # written while nothing runs
     start_background(stack)
     reports = synced("customers", "orders", "order_items", "changelog")  # what the workload writes
     assert reports["mirror.order_items"].target_rows > 0 and reports["changelog"].differences == 0
@@ -76,16 +81,16 @@ def test_a_zombie_runner_is_fenced(stack, app_db, products, synced):
     starts. When the old one wakes up it must not commit."""
     stop_background(stack)
     zombie = start_runner(stack, "pause_before_delta_commit")
-    n = 0
+    n, deadline = 0, time.monotonic() + 300
     while _state(zombie.pid) != "T":
-        assert n < 200, f"the runner never paused:\n{zombie.log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"the runner never paused:\n{zombie.log.read_text()[-3000:]}"
         order_with_lines(app_db, 840000 + n, 840000 + n)
         n += 1
         time.sleep(0.3)
     stack.runner_pidfile.unlink()  # what an operator does with a runner they think is dead
     start_background(stack)
     order_with_lines(app_db, 845000, 845000)
-    lakesync("wait", "--timeout", "180", check=True)
+    lakesync("wait", "--timeout", "600", check=True)
     os.kill(zombie.pid, signal.SIGCONT)
     assert zombie.wait(timeout=180) != 0
     output = zombie.log.read_text()
