@@ -27,6 +27,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from projections import Target
 from projections.mirrors import TOPIC_PATTERN
+from sync import catalog
 from sync.cdc.ordering import position_columns
 from sync.config import Settings
 from sync.delta.commit import commit_batch
@@ -44,7 +45,7 @@ PROPERTIES = {"delta.appendOnly": "true"}
 
 
 def changelog_path(settings: Settings) -> str:
-    return str(settings.lake / "changelog")
+    return str(catalog.root(settings, NAME) / "changelog")
 
 
 def targets(settings: Settings) -> list[Target]:

@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from projections import Target
+from sync import catalog
 from sync.config import Settings
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
@@ -42,7 +43,7 @@ ORACLE = "SELECT id, name, email, tier, created_at, updated_at FROM customers"
 
 
 def path(settings: Settings) -> str:
-    return str(settings.lake / "customer_history")
+    return str(catalog.root(settings, "views") / "customer_history")
 
 
 def targets(settings: Settings) -> list[Target]:

@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from projections import Target
+from sync import catalog
 from sync.config import Settings
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
@@ -40,7 +41,7 @@ GROUP BY c.id, c.name, c.tier
 
 
 def path(settings: Settings) -> str:
-    return str(settings.lake / "customer_order_summary")
+    return str(catalog.root(settings, "views") / "customer_order_summary")
 
 
 def targets(settings: Settings) -> list[Target]:

@@ -32,6 +32,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from projections import Target, customer_history
+from sync import catalog
 from sync.config import Settings
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
@@ -52,7 +53,7 @@ COMPARED_TYPES = ["text", "bigint", "bigint", "numeric", "text", "text", "timest
 
 
 def path(settings: Settings) -> str:
-    return str(settings.lake / "ledger_enriched")
+    return str(catalog.root(settings, "views") / "ledger_enriched")
 
 
 def targets(settings: Settings) -> list[Target]:

@@ -28,6 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from projections import Target
+from sync import catalog
 from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes
 from sync.cdc.ordering import parse_sequence
 from sync.cdc.types import ColumnType, key_columns, table_columns
@@ -57,16 +58,21 @@ def table_of(topic: str) -> str:
 
 
 def mirror_path(settings: Settings, table: str) -> Path:
-    return settings.lake / "mirrors" / table
+    return catalog.root(settings, NAME) / "mirrors" / table
 
 
 def tombstone_path(settings: Settings, table: str) -> Path:
-    return settings.lake / "tombstones" / table
+    return catalog.root(settings, NAME) / "tombstones" / table
+
+
+def state_paths(settings: Settings) -> list[Path]:
+    """What the mirrors keep besides their tables (a rebuild's swap retires it too)."""
+    return [catalog.root(settings, NAME) / "tombstones"]
 
 
 def targets(settings: Settings) -> list[Target]:
     """A target per mirror in the lake (status lists what exists)."""
-    root = settings.lake / "mirrors"
+    root = catalog.root(settings, NAME) / "mirrors"
     found = sorted(p.name for p in root.glob("*") if (p / "_delta_log").is_dir()) if root.is_dir() else []
     return [target(settings, table) for table in found]
 

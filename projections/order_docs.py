@@ -11,7 +11,8 @@ Target: <lake>/order_docs: the order's fields, its customer embedded (a struct),
         `doc_version` / `doc_version_lsn`: the latest source position that shaped the
         document, the customer's and the lines' included (deletes too: a removed line
         shaped it). A deleted order stays as a document with `deleted` set, so a search
-        index can delete it with a version that never goes backwards.
+        index can delete it with a version that never goes backwards. Both are the same
+        however the changes were cut into batches, so a rebuild equals the live table.
 Apply:  affected orders = orders changed, orders of changed lines (both the old and the
         new order of a moved line: its key changes, so Debezium sends a delete and a
         create), orders whose customer changed (through the mirror, and through the
@@ -34,6 +35,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from projections import Target
+from sync import catalog
 from sync import search
 from sync.config import Settings
 from sync.delta.commit import commit_batch
@@ -80,7 +82,7 @@ ITEMS = ("order_id bigint, line_no int, product_id bigint, qty int, unit_price d
 
 
 def path(settings: Settings) -> str:
-    return str(settings.lake / "order_docs")
+    return str(catalog.root(settings, "views") / "order_docs")
 
 
 def targets(settings: Settings) -> list[Target]:
@@ -101,19 +103,28 @@ def _position(frame: DataFrame) -> DataFrame:
 
 
 def touched(context, docs: DataFrame, orders: DataFrame) -> DataFrame:
-    """(order_id, position of a change that shaped it) for every order the batch touches."""
+    """Every order the batch touches, with `changed_at`: the latest change of the order's
+    own row or of its lines in the batch (null when only its customer changed).
+
+    A customer's change recomputes the documents of its orders, but its position is not
+    taken as theirs here: which orders a customer owned "before" depends on where the
+    batches were cut, and a rebuild must give the same documents whatever the cut. The
+    current customer's position enters the version through the mirror (`documents`), and
+    a customer can only leave an order through a change of the order's row."""
     def key(name):
         return F.get_json_object("key", f"$.{name}").cast("bigint")
 
-    by_order = context.changes_of("orders").select(key("id").alias("order_id"), "_commit_lsn", "_lsn")
-    by_line = context.changes_of("order_items").select(key("order_id").alias("order_id"), "_commit_lsn", "_lsn")
-    customers = context.changes_of("customers").select(key("id").alias("customer_id"), "_commit_lsn", "_lsn")
+    position = F.struct("_commit_lsn", "_lsn")
+    by_order = context.changes_of("orders").select(key("id").alias("order_id"), position.alias("at"))
+    by_line = context.changes_of("order_items").select(key("order_id").alias("order_id"), position.alias("at"))
+    customers = context.changes_of("customers").select(key("id").alias("customer_id"))
     # A customer's orders now (mirror) and as the documents last embedded them.
     owners = (orders.select(F.col("id").alias("order_id"), "customer_id")
               .unionByName(docs.where("NOT deleted").select("order_id", F.col("customer.id").alias("customer_id"))))
-    by_customer = customers.join(owners, "customer_id").select("order_id", "_commit_lsn", "_lsn")
+    by_customer = (customers.join(owners, "customer_id")
+                   .select("order_id", F.lit(None).cast(by_order.schema["at"].dataType).alias("at")))
     return (by_order.unionByName(by_line).unionByName(by_customer)
-            .groupBy("order_id").agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("changed_at")))
+            .groupBy("order_id").agg(F.max("at").alias("changed_at")))
 
 
 def documents(affected: DataFrame, orders: DataFrame, customers: DataFrame, items: DataFrame,
@@ -137,7 +148,10 @@ def documents(affected: DataFrame, orders: DataFrame, customers: DataFrame, item
                          F.when(exists, F.struct(F.col("o._commit_lsn"), F.col("o._lsn"))),
                          F.when(F.col("c.id").isNotNull(), F.struct(F.col("c._commit_lsn"), F.col("c._lsn"))))
     customer = F.when(F.col("c.id").isNotNull(), F.struct("c.id", "c.name", "c.email", "c.tier"))
-    return (joined.where(exists | F.col("previous_at").isNotNull())
+    # An order gone from Postgres keeps a deleted document if it ever had one, or if its
+    # own row changed in this batch: a rebuild seeing it created and deleted in one batch
+    # writes the same deleted document as a live run seeing it in two.
+    return (joined.where(exists | F.col("previous_at").isNotNull() | F.col("changed_at").isNotNull())
             .select("order_id",
                     F.col("o.status").alias("status"), F.col("o.placed_at").alias("placed_at"),
                     F.col("o.updated_at").alias("updated_at"),

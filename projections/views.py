@@ -47,6 +47,7 @@ from pyspark.sql.streaming import StreamingQuery
 from projections import customer_history, customer_order_summary, ledger_enriched, order_docs
 from projections.changelog import changelog_path
 from projections.mirrors import NAME as MIRRORS
+from sync import catalog
 from sync.config import Settings
 from sync.delta.fencing import Fence
 from sync.errors import LakesyncError
@@ -105,9 +106,9 @@ def reset(settings: Settings) -> None:
     are enriched with the customer as snapshotted."""
     import shutil
 
-    for location in [settings.checkpoints / NAME, *(Path(t.table) for t in targets(settings) if t.delta)]:
+    for location in [catalog.checkpoint(settings, NAME), *(Path(t.table) for t in targets(settings) if t.delta)]:
         shutil.rmtree(location, ignore_errors=True)
-    (settings.progress_dir / f"{NAME}.json").unlink(missing_ok=True)
+    catalog.progress_file(settings, NAME).unlink(missing_ok=True)
     if settings.search_url:
         from sync import search
 
@@ -170,7 +171,7 @@ class ViewsBatch:
         from sync.freshness import processed_offsets
 
         deadline = time.monotonic() + MIRROR_WAIT_SECONDS
-        checkpoint = self.settings.checkpoints / MIRRORS
+        checkpoint = catalog.checkpoint(self.settings, MIRRORS)
         while True:
             done = processed_offsets(checkpoint)
             behind = {tp: end for tp, end in needed.items() if done.get(tp, 0) < end}

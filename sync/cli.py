@@ -94,6 +94,22 @@ def cmd_resnapshot(settings, args) -> int:
     return 0
 
 
+def cmd_rebuild(settings, args) -> int:
+    from sync import rebuild
+
+    comparisons = rebuild.rebuild(settings, args.names, verify=args.verify, swap=args.swap)
+    if not args.verify:
+        return 0
+    print(f"{'table':<28} {'live':>9} {'rebuilt':>9} {'differences':>12}")
+    for c in comparisons:
+        print(f"{c.name:<28} {c.live_rows:>9} {c.rebuilt_rows:>9} {c.differences:>12}")
+        for key in c.sample:
+            print(f"    differs: {json.dumps(key, default=str)}")
+    same = not any(c.differences for c in comparisons)
+    print("verify: the rebuilt projection is identical" if same else "verify: DIFFERENCES FOUND")
+    return 0 if same else 1
+
+
 def cmd_ledger(settings, args) -> int:
     """The auditor's commands (sync/ledger/audit.py): they only read the lake."""
     from sync.ledger import audit, balances_path, ledger_path
@@ -169,6 +185,13 @@ def parser() -> argparse.ArgumentParser:
     verify.set_defaults(func=cmd_verify)
     sub.add_parser("resnapshot", help="after a lost replication slot: new snapshot, mirrors rebuilt from it"
                    ).set_defaults(func=cmd_resnapshot)
+    rebuild = sub.add_parser("rebuild", help="rebuild a projection from offset zero beside the live one")
+    rebuild.add_argument("names", nargs="+", metavar="NAME",
+                         help="mirrors, ledger, views, or one of their targets; several are rebuilt side by side")
+    rebuild.add_argument("--verify", action="store_true",
+                         help="compare it with the live one at the same source position (pauses capture meanwhile)")
+    rebuild.add_argument("--swap", action="store_true", help="then make it the one readers see, and retire the old")
+    rebuild.set_defaults(func=cmd_rebuild)
     ledger = sub.add_parser("ledger", help="the auditor's commands over the hash-chained ledger (read-only)")
     actions = ledger.add_subparsers(dest="action", metavar="ACTION", required=True)
     check = actions.add_parser("verify", help="recompute every chain; exit 1 naming the first broken entry")

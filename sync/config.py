@@ -63,6 +63,9 @@ class Settings:
     search_url: str = ""
     # Where the runner serves Prometheus metrics (127.0.0.1); 0 when LAKESYNC_METRICS_PORT=off.
     metrics_port: int = 0
+    # (projection, directory) pairs overriding the catalog (sync/catalog.py): a rebuild
+    # writes the projection it builds there. Empty for every other command.
+    roots: tuple[tuple[str, str], ...] = ()
     secrets_file: Path = field(init=False)
     pgpass_file: Path = field(init=False)
 
@@ -111,15 +114,7 @@ class Settings:
     def connect_secrets_file(self) -> str:
         return self.connect_secrets_path or str(self.secrets_file)
 
-    # -- where the runner keeps its state --
-    @property
-    def checkpoints(self) -> Path:
-        return self.lake / "_checkpoints"
-
-    @property
-    def progress_dir(self) -> Path:
-        return self.lake / "_progress"
-
+    # -- where the runner keeps its state (a projection's checkpoint: sync/catalog.py) --
     @property
     def runner_pidfile(self) -> Path:
         return self.home / "runner.pid"

@@ -30,7 +30,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from projections import all_projections
-from sync import capture
+from sync import capture, catalog
 from sync.config import CONNECTOR_NAME, HEARTBEAT_TABLE, Settings
 from sync.errors import NotFresh, ServiceUnavailable
 from sync.stack.connect import rest
@@ -145,7 +145,7 @@ def input_ends(settings: Settings, projection) -> Offsets:
 
 def processed(settings: Settings, projection) -> Offsets:
     """What its last committed batch has read, in the same terms as `input_ends`."""
-    checkpoint = settings.checkpoints / projection.NAME
+    checkpoint = catalog.checkpoint(settings, projection.NAME)
     if projection.TOPIC_PATTERN is not None:
         return processed_offsets(checkpoint)
     return processed_versions(checkpoint, projection.inputs(settings))
@@ -180,9 +180,21 @@ def wait(settings: Settings, timeout: float = 120.0) -> float:
             raise NotFresh(f"not fresh after {timeout:.0f}s: Debezium has not captured up to "
                            f"the WAL position of the call (connector {CONNECTOR_NAME})")
         time.sleep(0.2)
-    kafka_fed = [p for p in all_projections() if p.TOPIC_PATTERN is not None]
+    drain(settings, started, deadline)
+    return time.monotonic() - started
+
+
+def drain(settings: Settings, started: float, deadline: float, names: set[str] | None = None) -> None:
+    """Steps 4 to 6: wait until every projection (or those in `names`, and everything a
+    Delta-fed one among them reads) has read what its inputs hold now. The barrier calls
+    it after capture, `rebuild --verify` while capture is paused. Raises NotFresh."""
+    timeout = deadline - started
+    chosen = all_projections()
+    if names is not None and not any(p.TOPIC_PATTERN is None and p.NAME in names for p in chosen):
+        chosen = [p for p in chosen if p.NAME in names]
+    kafka_fed = [p for p in chosen if p.TOPIC_PATTERN is not None]
     goals = {p.NAME: input_ends(settings, p) for p in kafka_fed}
-    delta_fed = [p for p in all_projections() if p.TOPIC_PATTERN is None]
+    delta_fed = [p for p in chosen if p.TOPIC_PATTERN is None]
     runner_seen = time.monotonic()
     while True:
         behind = []
@@ -194,7 +206,7 @@ def wait(settings: Settings, timeout: float = 120.0) -> float:
                 behind.append(f"{projection.NAME} ({missing} {unit} behind)")
         if not behind:
             if all(p.NAME in goals for p in delta_fed):
-                return time.monotonic() - started
+                return
             # Step 6: the Delta inputs are complete now; their versions are the next goal.
             goals.update({p.NAME: input_ends(settings, p) for p in delta_fed})
             continue

@@ -12,14 +12,14 @@ import os
 import time
 from typing import Any
 
-from sync import metrics
+from sync import catalog, metrics
 from sync.config import Settings
 
 
 class Progress:
     def __init__(self, settings: Settings, projection: str):
         self.projection = projection
-        self.path = settings.progress_dir / f"{projection}.json"
+        self.path = catalog.progress_file(settings, projection)
         self.state: dict[str, Any] = read(settings, projection)
 
     def record(self, batch_id: int, applied_by_table: dict[str, int], started: float,
@@ -54,6 +54,6 @@ class Progress:
 
 def read(settings: Settings, projection: str) -> dict[str, Any]:
     try:
-        return json.loads((settings.progress_dir / f"{projection}.json").read_text())
+        return json.loads(catalog.progress_file(settings, projection).read_text())
     except (OSError, ValueError):
         return {}

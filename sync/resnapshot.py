@@ -23,14 +23,13 @@ the mirrors are rebuilt from a new consistent snapshot. Steps of `resnapshot`, i
 from __future__ import annotations
 
 import shutil
-import time
 
 from projections import mirrors, views
+from sync import catalog
 from sync.config import CONNECTOR_NAME, SLOT, Settings
-from sync.errors import StackError
 from sync.freshness import end_offsets, pg_connect
 from sync.runner import stop_background
-from sync.stack.connect import Connect, connector_status, rest
+from sync.stack.connect import Connect, rest, wait_for_state
 from sync.stream import note_start_offsets
 
 
@@ -38,7 +37,7 @@ def resnapshot(settings: Settings, say=print) -> None:
     if stop_background(settings):
         say("  runner               stopped")
     rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/stop")
-    _wait_for(settings, "STOPPED")
+    wait_for_state(settings, "STOPPED")
     say("  connector            stopped")
     with pg_connect(settings, autocommit=True) as conn:
         dropped = conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
@@ -48,20 +47,12 @@ def resnapshot(settings: Settings, say=print) -> None:
     rest(settings, "DELETE", f"/connectors/{CONNECTOR_NAME}/offsets")
     rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/resume")
     say("  connector            offsets reset, snapshotting")
-    for folder in (settings.lake / "mirrors", settings.lake / "tombstones", settings.checkpoints / mirrors.NAME):
+    for folder in (catalog.root(settings, mirrors.NAME) / "mirrors", *mirrors.state_paths(settings),
+                   catalog.checkpoint(settings, mirrors.NAME)):
         shutil.rmtree(folder, ignore_errors=True)
-    (settings.progress_dir / f"{mirrors.NAME}.json").unlink(missing_ok=True)
+    catalog.progress_file(settings, mirrors.NAME).unlink(missing_ok=True)
     say("  mirrors              reset; they rebuild from the snapshot when the runner starts")
     views.reset(settings)
     say("  views                reset; they rebuild from the snapshot when the runner starts")
     Connect(settings).register()
     say("  connector            streaming")
-
-
-def _wait_for(settings: Settings, state: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if connector_status(settings)["connector"]["state"] == state:
-            return
-        time.sleep(0.5)
-    raise StackError(f"the connector did not reach {state} within {timeout:.0f}s")

@@ -1,6 +1,6 @@
 """What every Kafka-fed projection's streaming query shares: how it reads, how it runs.
 
-Each projection is one query with its own checkpoint (<lake>/_checkpoints/<name>) and a
+Each projection is one query with its own checkpoint (sync/catalog.py: <lake>/_checkpoints/<name> at first) and a
 foreachBatch function that commits idempotently (sync/delta/commit.py).
 """
 
@@ -15,6 +15,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from sync import catalog
 from sync.config import Settings
 
 
@@ -35,7 +36,7 @@ def run_batches(records: DataFrame, name: str, apply: Callable[[DataFrame, int],
                 settings: Settings, once: bool) -> StreamingQuery:
     """Start query `name`: availableNow when `once`, else a processing-time trigger."""
     writer = (records.writeStream.queryName(name)
-              .option("checkpointLocation", str(settings.checkpoints / name))
+              .option("checkpointLocation", str(catalog.checkpoint(settings, name)))
               .foreachBatch(apply))
     writer = writer.trigger(availableNow=True) if once else writer.trigger(
         processingTime=f"{settings.trigger_seconds} seconds")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from sync import catalog
 from sync.config import Settings
 from sync.delta.commit import Fence, commit_batch
 from sync.delta.merge import ensure_table
@@ -23,8 +24,9 @@ SCHEMA = ("projection string, `table` string, topic string, `partition` int, `of
           "key binary, value binary, error string, batch_id bigint, failed_at timestamp")
 
 
-def path(settings: Settings) -> str:
-    return str(settings.lake / "dead_letters")
+def path(settings: Settings, projection: str) -> str:
+    """In the projection's generation (sync/catalog.py); generation 0 shares one table."""
+    return str(catalog.root(settings, projection) / "dead_letters")
 
 
 def write(spark: SparkSession, settings: Settings, projection: str, batch_id: int,
@@ -43,7 +45,7 @@ def write(spark: SparkSession, settings: Settings, projection: str, batch_id: in
             .select(F.lit(projection).alias("projection"), "table", "topic", "partition", "offset",
                     "key", "value", "error", F.lit(batch_id).cast("bigint").alias("batch_id"),
                     F.current_timestamp().alias("failed_at")))
-    target = path(settings)
+    target = path(settings, projection)
     ensure_table(spark, target, SCHEMA, {"delta.appendOnly": "true"})
     commit_batch(spark, f"{projection}:dead_letters", batch_id,
                  lambda: rows.write.format("delta").mode("append").save(target), fence)

@@ -30,6 +30,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from sync import catalog
 from sync.config import Settings
 from sync.errors import Fenced
 
@@ -37,7 +38,7 @@ EPOCH_PROPERTY = "lakesync.epoch"
 
 
 def registry(settings: Settings, projection: str) -> Path:
-    return settings.lake / "_fencing" / projection
+    return catalog.root(settings, projection) / "_fencing" / projection
 
 
 def latest_epoch(folder: Path) -> int:

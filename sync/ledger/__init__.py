@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from sync import catalog
 from sync.config import Settings
 
 AGGREGATE = "account"                # the outbox aggregate type whose events are postings
@@ -18,8 +19,8 @@ MAX_AMOUNT = Decimal(10) ** 16
 
 def ledger_path(settings: Settings) -> str:
     """Where the ledger lives (any Delta reader can open it)."""
-    return str(settings.lake / "ledger")
+    return str(catalog.root(settings, "ledger") / "ledger")
 
 
 def balances_path(settings: Settings) -> str:
-    return str(settings.lake / "ledger_balances")
+    return str(catalog.root(settings, "ledger") / "ledger_balances")

@@ -59,6 +59,18 @@ def connector_status(settings: Settings) -> dict[str, Any]:
     return rest(settings, "GET", f"/connectors/{CONNECTOR_NAME}/status")
 
 
+def wait_for_state(settings: Settings, state: str, timeout: float = 60) -> None:
+    """Until the connector and each of its tasks report `state` (PAUSED, STOPPED, ...).
+    A task reports PAUSED between polls, after its last batch's transaction committed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = connector_status(settings)
+        if status["connector"]["state"] == state and all(t["state"] == state for t in status.get("tasks", [])):
+            return
+        time.sleep(0.5)
+    raise StackError(f"the connector did not reach {state} within {timeout:.0f}s")
+
+
 class Connect(jvm.JavaService):
     name = "connect"
     heap = "-Xmx1g"

@@ -10,7 +10,7 @@ import string
 
 import pytest
 
-from projections import mirrors
+from projections import changelog, mirrors
 from sync.delta import deadletters
 from tests.e2e.conftest import lakesync
 
@@ -64,7 +64,7 @@ def test_unchanged_toasted_text_is_kept_not_replaced_by_a_placeholder(db, app_db
            .where("id = 960001").first())
     assert row["bio"] == bio and row["tier"] == "b" and row["name"] == "toast 2"
     # The placeholder did reach Kafka (this test would prove nothing otherwise).
-    log = spark.read.format("delta").load(str(stack.lake / "changelog"))
+    log = spark.read.format("delta").load(changelog.changelog_path(stack))
     assert log.where("key LIKE '%960001%' AND after LIKE '%__debezium_unavailable_value%'").count() >= 1
 
 
@@ -87,7 +87,7 @@ def test_a_value_its_column_cannot_hold_goes_to_the_dead_letters(db, synced, spa
     db.execute("CREATE TABLE public.priced (id int PRIMARY KEY, price numeric(10,2))")
     db.execute("INSERT INTO public.priced VALUES (1, 1.50), (2, 'NaN'), (3, 3.00)")
     lakesync("wait", "--timeout", "120", check=True)
-    letters = (spark.read.format("delta").load(deadletters.path(stack))
+    letters = (spark.read.format("delta").load(deadletters.path(stack, "mirrors"))
                .where("`table` = 'priced'").collect())
     assert len(letters) == 1 and "price" in letters[0]["error"]
     assert json.loads(letters[0]["value"])["payload"]["after"]["price"] == "NAN"  # as Debezium sent it

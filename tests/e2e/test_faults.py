@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from projections import changelog, mirrors
+from sync.delta import fencing
 from sync.delta.fencing import latest_epoch
 from sync.runner import start_background, stop_background
 from tests.e2e.conftest import lakesync, start_runner
@@ -98,7 +99,7 @@ def test_a_zombie_runner_is_fenced(stack, app_db, products, synced):
     # the zombie stops, and below, the tables show it committed nothing once the newer run began.
     assert ("fenced, a newer run holds epoch" in output
             or "Multiple streaming jobs detected" in output), output[-3000:]
-    newer = latest_epoch(stack.lake / "_fencing" / "mirrors")
+    newer = latest_epoch(fencing.registry(stack, "mirrors"))
     for table in (mirrors.mirror_path(stack, "orders"), mirrors.mirror_path(stack, "order_items"),
                   Path(changelog.changelog_path(stack))):
         epochs = [_epoch(commit) for commit in sorted(Path(table, "_delta_log").glob("*.json"))]

@@ -16,7 +16,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from projections import customer_history, ledger_enriched, order_docs
+from projections.mirrors import mirror_path
 from sync import bank, config, search
+from sync.ledger import ledger_path
 
 pytestmark = pytest.mark.e2e
 
@@ -113,7 +115,8 @@ class Workload:
                      "(SELECT id FROM orders WHERE customer_id = %s)", (c,)))
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+# Seed 9 runs in test_rebuild.py, under the rebuilds, and ends with the same comparison.
+@pytest.mark.parametrize("seed", [1])
 def test_random_workload_views_equal_their_sql(db, synced, seed):
     workload = Workload(db, seed)
     for _ in range(60):
@@ -161,8 +164,8 @@ def test_temporal_join_uses_the_customer_as_of_the_entry(stack, db, synced, spar
     enriched = (spark.read.format("delta").load(ledger_enriched.path(settings))
                 .where(f"account = {c}").collect())
     assert [(r["customer_id"], r["customer_tier"]) for r in enriched] == [(c, "bronze")]
-    naive = (spark.read.format("delta").load(str(settings.lake / "ledger")).where(f"account = {c}")
-             .join(spark.read.format("delta").load(str(settings.lake / "mirrors" / "customers"))
+    naive = (spark.read.format("delta").load(ledger_path(settings)).where(f"account = {c}")
+             .join(spark.read.format("delta").load(str(mirror_path(settings, "customers")))
                    .withColumnRenamed("id", "account"), "account").select("tier").collect())
     assert [r["tier"] for r in naive] == ["gold"], "the latest-state join should show the later tier"
     assert operation

@@ -64,7 +64,7 @@ def balances(spark, settings):
 
 
 def dead(spark, settings):
-    return [r["error"] for r in spark.read.format("delta").load(deadletters.path(settings)).collect()]
+    return [r["error"] for r in spark.read.format("delta").load(deadletters.path(settings, "ledger")).collect()]
 
 
 def test_redelivered_events_never_make_a_second_entry(spark, settings):

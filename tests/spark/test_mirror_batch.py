@@ -191,7 +191,7 @@ def test_records_that_cannot_be_applied_go_to_the_dead_letters(spark, settings):
             event("c", 6, 10, 16, "another content at the same position")]
     apply(batch(spark, rows), 0)
     assert set(mirror(spark, settings)) == {1}
-    letters = spark.read.format("delta").load(deadletters.path(settings)).collect()
+    letters = spark.read.format("delta").load(deadletters.path(settings, "mirrors")).collect()
     errors = sorted((r["offset"], r["error"]) for r in letters)
     assert [offset for offset, _ in errors] == [1, 2, 3, 4, 5]
     assert "not a Debezium change event" in errors[0][1]
@@ -201,7 +201,7 @@ def test_records_that_cannot_be_applied_go_to_the_dead_letters(spark, settings):
     assert all(r["value"] is not None and r["projection"] == "mirrors" for r in letters)
     # Replaying the batch adds no second copy.
     apply(batch(spark, rows), 0)
-    assert spark.read.format("delta").load(deadletters.path(settings)).count() == 5
+    assert spark.read.format("delta").load(deadletters.path(settings, "mirrors")).count() == 5
 
 
 def test_a_zombie_writer_is_fenced(spark, settings):
@@ -252,7 +252,7 @@ def test_widened_type_is_applied_and_an_incompatible_one_stops_the_mirror(spark,
     assert (rows[1]["qty"], rows[2]["qty"]) == (5, 2**40)
     apply(batch(spark, [_evolved(as_text, 3, 30, 31, qty="many")], 2), 2)
     assert set(mirror(spark, settings)) == {1, 2}
-    letters = spark.read.format("delta").load(deadletters.path(settings)).collect()
+    letters = spark.read.format("delta").load(deadletters.path(settings, "mirrors")).collect()
     assert [r["offset"] for r in letters] == [2] and "mirror stopped" in letters[0]["error"]
     assert "stopped" in apply.progress.state["tables"]["widgets"]
 

@@ -39,7 +39,7 @@ def test_a_fence_is_overtaken_by_any_higher_epoch(tmp_path: Path):
 
 
 def test_a_closed_fence_is_not_an_epoch_and_spares_the_next_run_its_stamps(tmp_path: Path):
-    settings = SimpleNamespace(lake=tmp_path)
+    settings = SimpleNamespace(lake=tmp_path, roots=())
     first = take(None, settings, "mirrors", ["<a table>"])  # the first run: nothing to fence
     first.close()
     assert latest_epoch(first.folder) == 1

@@ -1,0 +1,91 @@
+"""The catalog: where each projection's tables live now. Every reader resolves names here.
+
+A projection's *generation* is one directory holding everything the projection writes:
+its Delta tables, its Spark checkpoint, its progress file, its fencing epochs and its
+dead letters. Generation 0 is the lake itself (`<lake>/mirrors/...`,
+`<lake>/_checkpoints/mirrors`, ...). `lakesync rebuild NAME` builds generation n+1 in
+`<lake>/_generations/NAME/<n+1>` while generation n keeps serving; `--swap` points the
+catalog at it.
+
+The pointer is one small JSON file per projection, `<lake>/_catalog/NAME.json`, replaced
+with os.replace (an atomic rename on POSIX). Every path function (`mirror_path`,
+`ledger_path`, `checkpoint`, ...) reads it when called, so a reader resolves the old
+generation or the new one, both complete, and never a mixture or a half-built table.
+
+A rebuild writes its new generation through settings whose `roots` override the
+catalog for the projection it builds (`building`); everything else it reads (the views
+read the live changelog, ledger and mirrors) still resolves through the catalog.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from sync.config import Settings
+
+
+def _pointer(settings: Settings, projection: str) -> Path:
+    return settings.lake / "_catalog" / f"{projection}.json"
+
+
+def entry(settings: Settings, projection: str) -> dict:
+    """The catalog's entry for `projection`: {"generation", "root", "swapped_at"}."""
+    try:
+        return json.loads(_pointer(settings, projection).read_text())
+    except FileNotFoundError:
+        return {"generation": 0, "root": str(settings.lake), "swapped_at": None}
+
+
+def root(settings: Settings, projection: str) -> Path:
+    """The directory `projection`'s current generation lives in."""
+    for name, folder in settings.roots:
+        if name == projection:
+            return Path(folder)
+    return Path(entry(settings, projection)["root"])
+
+
+def checkpoint(settings: Settings, projection: str) -> Path:
+    return root(settings, projection) / "_checkpoints" / projection
+
+
+def progress_file(settings: Settings, projection: str) -> Path:
+    return root(settings, projection) / "_progress" / f"{projection}.json"
+
+
+def building(settings: Settings, projection: str, generation: int) -> Settings:
+    """Settings that write `projection` into a new generation (and push nothing to the
+    search index: the live generation keeps it current)."""
+    folder = settings.lake / "_generations" / projection / str(generation)
+    return replace(settings, roots=((projection, str(folder)),), search_url="", metrics_port=0)
+
+
+def swap(settings: Settings, projection: str, generation: int, folder: Path) -> dict:
+    """Point the catalog at `folder`; returns the entry it replaced. Atomic for readers."""
+    old = entry(settings, projection)
+    pointer = _pointer(settings, projection)
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pointer.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"generation": generation, "root": str(folder), "swapped_at": time.time()}))
+    os.replace(tmp, pointer)
+    return old
+
+
+def retire(settings: Settings, projection, old: dict) -> None:
+    """Delete a generation the catalog no longer points at. Generation 0 is the lake
+    itself, shared with the other projections: only this projection's own parts go
+    (and its dead letters stay, in the table the projections share there)."""
+    if old["generation"] > 0:
+        shutil.rmtree(old["root"], ignore_errors=True)
+        return
+    gone = replace(settings, roots=((projection.NAME, old["root"]),))
+    parts = [Path(t.table) for t in projection.targets(gone) if t.delta]
+    parts += [Path(p) for p in getattr(projection, "state_paths", lambda s: [])(gone)]
+    parts += [checkpoint(gone, projection.NAME), Path(old["root"]) / "_fencing" / projection.NAME]
+    for part in parts:
+        shutil.rmtree(part, ignore_errors=True)
+    progress_file(gone, projection.NAME).unlink(missing_ok=True)

@@ -1,0 +1,280 @@
+"""`lakesync rebuild NAME [NAME ...] [--verify] [--swap]`: projections rebuilt from offset
+zero beside the live ones, proved equal to them, and switched in for every reader at once.
+
+The steps, in order (for several projections, side by side in one Spark session):
+  1. Build. A new generation of the projection (sync/catalog.py) is written by the code
+     the runner runs, in this process' own Spark session, from the earliest Kafka offsets
+     (the views: from the first version of the changelog and the ledger, the bronze
+     record that still holds every version compaction removed from Kafka), with
+     availableNow triggers. The live generation keeps serving and the live runner keeps
+     applying. A progress line shows what is done and what is to go, the rate, the ETA.
+     A new generation reads only live tables besides its own (new views read the live
+     mirrors, even when new mirrors are built beside them): each is swapped on its own.
+  2. Verify (--verify). Both sides must reflect the same source position, so capture is
+     held still for the comparison:
+       a. pause the connector: no record reaches Kafka; Postgres keeps taking writes,
+          which wait in the replication slot;
+       b. wait until the live runner has applied everything Kafka holds (the barrier's
+          steps 4 to 6, sync/freshness.py);
+       c. bring the new generation to the same position (one more availableNow run);
+       d. compare every table both ways, every column but `_applied_at` (when our job
+          ran): equal, or the keys that differ;
+       e. resume the connector, whatever happened above.
+  3. Swap (--swap; after --verify only when it found no difference):
+       a. catch the new generation up once more, the live runner still running;
+       b. stop the live runner between batches, if one runs;
+       c. point the catalog at the new generation: one atomic rename, after which every
+          reader resolves the new tables (none ever sees a half-built one);
+       d. retire the old generation: its tables, checkpoint, progress, fencing epochs;
+       e. start the runner again if one ran: it goes on from the new checkpoint.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from projections import all_projections
+from sync import catalog, freshness, spark as spark_session
+from sync.config import CONNECTOR_NAME, Settings
+from sync.delta import fencing
+from sync.errors import LakesyncError
+from sync.stack.connect import rest, wait_for_state
+from sync.stack.process import read_pid
+
+VOLATILE = {"_applied_at"}  # when our job wrote the row, not what it wrote
+VERIFY_DRAIN_SECONDS = 600  # how long step 2b waits for the live runner
+
+
+class RebuildFailed(LakesyncError):
+    exit_code = 1
+
+
+@dataclass
+class Comparison:
+    name: str
+    live_rows: int
+    rebuilt_rows: int
+    differences: int
+    sample: list = field(default_factory=list)   # keys that differ
+
+
+def projection_of(name: str):
+    """The projection a rebuild of NAME builds: a projection's name, or one of its
+    targets' names (a projection is one query with one checkpoint: it is rebuilt whole)."""
+    from projections import changelog
+
+    by_name = {p.NAME: p for p in all_projections()}
+    prefixes = {"mirror.": "mirrors", "ledger.enriched": "views", "ledger.": "ledger", "history.": "views",
+                "view.": "views", "search.": "views"}
+    found = by_name.get(name) or next((by_name[p] for prefix, p in prefixes.items() if name.startswith(prefix)),
+                                      None)
+    if found is None:
+        raise LakesyncError(f"no projection or target named {name!r}; rebuild one of: "
+                            + ", ".join(sorted(set(by_name) - {changelog.NAME})) +
+                            " (or a target `lakesync status` lists)")
+    if found is changelog:
+        raise LakesyncError("the changelog is the bronze record: Kafka compaction has removed older "
+                            "versions it keeps, so it is never rebuilt from Kafka")
+    return found
+
+
+def rebuild(settings: Settings, names: list[str], verify: bool, swap: bool, say=print) -> list[Comparison]:
+    """Rebuild the projections `names` name, side by side in one Spark session (one pause
+    of capture for all of them when verifying, one runner restart when swapping)."""
+    from projections import ledger
+
+    wanted = {projection_of(name) for name in names}
+    projections = [p for p in all_projections() if p in wanted]  # the runner's order: views last
+    if swap and ledger in projections:
+        raise LakesyncError("the ledger is never replaced: auditors' digests name versions of this table. "
+                            "`--verify` proves a rebuild equals it")
+    builds = []
+    for projection in projections:
+        live = catalog.entry(settings, projection.NAME)
+        shadow = catalog.building(settings, projection.NAME, live["generation"] + 1)
+        folder = catalog.root(shadow, projection.NAME)
+        shutil.rmtree(folder, ignore_errors=True)  # left by an interrupted rebuild: start from zero
+        say(f"rebuilding {projection.NAME} from offset zero into generation {live['generation'] + 1} "
+            f"({folder}); generation {live['generation']} keeps serving")
+        builds.append(Build(projection, shadow, live["generation"] + 1))
+    spark = spark_session.session(settings, "lakesync-rebuild")
+    for build in builds:
+        build.fence = fencing.take(spark, build.shadow, build.projection.NAME, [])
+    _run(spark, builds, say)
+    comparisons: list[Comparison] = []
+    if verify:
+        comparisons = _verify(spark, settings, builds, say)
+        if any(c.differences for c in comparisons):
+            say("verify: the rebuilt projection DIFFERS; its generation is kept and not swapped")
+            return comparisons
+    if swap:
+        _run(spark, builds, say)  # 3a
+    for build in builds:
+        build.fence.close()  # its query has stopped: the runner taking it over need not stamp
+    if swap:
+        _swap(settings, builds, say)
+    return comparisons
+
+
+@dataclass
+class Build:
+    projection: object
+    shadow: Settings          # writes the new generation, reads everything else live
+    generation: int
+    fence: fencing.Fence | None = None
+
+
+def _run(spark, builds: list[Build], say) -> None:
+    """One availableNow run of every new generation, side by side, showing progress."""
+    running = []
+    for build in builds:
+        projection, shadow = build.projection, build.shadow
+        if hasattr(projection, "ready") and not projection.ready(shadow):
+            raise RebuildFailed(f"{projection.NAME} reads tables that do not exist yet; start the runner first")
+        goal = freshness.input_ends(shadow, projection)
+        unit = "offsets" if projection.TOPIC_PATTERN is not None else "table versions"
+        # A pool per projection, as in the runner: the FAIR scheduler shares the cores.
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", projection.NAME)
+        running.append((build, goal, _Progress(projection.NAME, unit, sum(goal.values())),
+                        projection.start(spark, shadow, True, build.fence)))
+    bar = _Line()
+    while any(query.isActive for *_, query in running):
+        time.sleep(1)
+        parts = []
+        for build, goal, progress, query in running:
+            done = freshness.processed(build.shadow, build.projection)
+            parts.append(progress.line(sum(min(done.get(tp, 0), end) for tp, end in goal.items())))
+        bar.show(" | ".join(parts))
+    bar.end()
+    for build, goal, progress, query in running:
+        error = query.exception()
+        if error is not None:
+            text = str(getattr(error, "desc", None) or error).strip().splitlines()
+            raise RebuildFailed(f"the rebuild of {build.projection.NAME} failed: {text[0][:500] if text else error}")
+        say(progress.summary())
+
+
+def _verify(spark, settings: Settings, builds: list[Build], say) -> list[Comparison]:
+    """Step 2."""
+    say("verify: pausing capture, so the live and the rebuilt projections reach the same source position")
+    rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/pause")
+    try:
+        wait_for_state(settings, "PAUSED")
+        if read_pid(settings.runner_pidfile) is None:
+            raise RebuildFailed("verify compares with the live projections at Kafka's end: start the runner "
+                                "(`lakesync run`) first")
+        started = time.monotonic()
+        freshness.drain(settings, started, started + VERIFY_DRAIN_SECONDS, {b.projection.NAME for b in builds})
+        _run(spark, builds, say)
+        comparisons = [compare(spark, live, rebuilt) for build in builds
+                       for live, rebuilt in _pairs(settings, build.shadow, build.projection)]
+    finally:
+        rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/resume")
+        say("verify: capture resumed")
+    return comparisons
+
+
+def _pairs(settings: Settings, shadow: Settings, projection):
+    """(live target, rebuilt target) per Delta table, matched by name; a table only one
+    side has is compared with nothing."""
+    live = {t.name: t for t in projection.targets(settings) if t.delta}
+    rebuilt = {t.name: t for t in projection.targets(shadow) if t.delta}
+    return [(live.get(n), rebuilt.get(n)) for n in sorted(set(live) | set(rebuilt))]
+
+
+def compare(spark, live, rebuilt) -> Comparison:
+    """Every row of one table against the other, both ways (a multiset difference)."""
+    def load(target):
+        if target is None or not (Path(target.table) / "_delta_log").is_dir():
+            return None
+        frame = spark.read.format("delta").load(target.table)
+        return frame.select(*sorted(c for c in frame.columns if c not in VOLATILE))
+
+    name = (live or rebuilt).name
+    keys = (live or rebuilt).keys
+    left, right = load(live), load(rebuilt)
+    if left is None or right is None:
+        present = left if left is not None else right
+        rows = present.count() if present is not None else 0
+        return Comparison(name, rows if left is not None else 0, rows if right is not None else 0, rows,
+                          ["(the table exists on one side only)"] if rows else [])
+    if left.columns != right.columns:
+        return Comparison(name, left.count(), right.count(), 1,
+                          [f"columns differ: live {left.columns}, rebuilt {right.columns}"])
+    differing = left.exceptAll(right).unionByName(right.exceptAll(left))
+    if keys:
+        differing = differing.select(*keys).distinct()
+    count = differing.count()
+    sample = [row.asDict() for row in differing.limit(5).collect()] if count else []
+    return Comparison(name, left.count(), right.count(), count, sample)
+
+
+def _swap(settings: Settings, builds: list[Build], say) -> None:
+    """Steps 3b to 3e."""
+    from sync.runner import start_background, stop_background
+
+    was_running = stop_background(settings)
+    if was_running:
+        say("swap: live runner stopped between batches")
+    for build in builds:
+        name = build.projection.NAME
+        old = catalog.swap(settings, name, build.generation, catalog.root(build.shadow, name))
+        say(f"swap: the catalog now points {name} at generation {build.generation}")
+        catalog.retire(settings, build.projection, old)
+        say(f"swap: {name} generation {old['generation']} retired")
+    if was_running:
+        start_background(settings)
+        say("swap: runner started again; it goes on from the new generations' checkpoints")
+
+
+class _Progress:
+    """One projection's progress: done and to go, rate, time left."""
+
+    def __init__(self, name: str, unit: str, total: int):
+        self.name, self.unit, self.total = name, unit, total
+        self.started = time.monotonic()
+        self.first: int | None = None
+
+    def line(self, done: int) -> str:
+        elapsed = time.monotonic() - self.started
+        if self.first is None:
+            self.first = done
+        rate = (done - self.first) / elapsed if elapsed > 0 else 0.0
+        share = 100.0 * done / self.total if self.total else 100.0
+        eta = f"{(self.total - done) / rate:.0f} s" if rate > 0 else "-"
+        return (f"{self.name} {done:,}/{self.total:,} {self.unit} ({share:.0f} %) {_rate(rate)} "
+                f"ETA {eta}")
+
+    def summary(self) -> str:
+        elapsed = time.monotonic() - self.started
+        return (f"  {self.name}: {self.total:,} {self.unit} read in {elapsed:.1f} s "
+                f"({_rate(self.total / elapsed if elapsed else 0.0)})")
+
+
+class _Line:
+    """The progress line: rewritten in place each second on a terminal, else printed
+    every 10 s."""
+
+    def __init__(self):
+        self.tty = sys.stdout.isatty()
+        self.started = self.shown = time.monotonic()
+
+    def show(self, text: str) -> None:
+        now = time.monotonic()
+        if self.tty:
+            print(f"\r  {text} [{now - self.started:.0f} s]\033[K", end="", flush=True)
+        elif now - self.shown >= 10:
+            self.shown = now
+            print(f"  {text} [{now - self.started:.0f} s]", flush=True)
+
+    def end(self) -> None:
+        if self.tty:
+            print()
+
+
+def _rate(per_second: float) -> str:
+    return f"{per_second:,.0f}/s" if per_second >= 10 else f"{per_second:.2f}/s"

@@ -1,0 +1,67 @@
+"""The catalog readers resolve projections through, and what `rebuild NAME` accepts."""
+
+from pathlib import Path
+
+import pytest
+
+from projections import mirrors, views
+from sync import catalog, config
+from sync.errors import LakesyncError
+from sync.rebuild import projection_of
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAKESYNC_HOME", str(tmp_path))
+    return config.load()
+
+
+def test_generation_zero_is_the_lake_itself(settings):
+    assert catalog.entry(settings, "mirrors")["generation"] == 0
+    assert mirrors.mirror_path(settings, "orders") == settings.lake / "mirrors" / "orders"
+    assert catalog.checkpoint(settings, "mirrors") == settings.lake / "_checkpoints" / "mirrors"
+
+
+def test_a_rebuild_writes_its_generation_and_reads_the_rest_through_the_catalog(settings):
+    shadow = catalog.building(settings, "views", 1)
+    folder = settings.lake / "_generations" / "views" / "1"
+    assert Path(views.targets(shadow)[0].table).parent == folder
+    assert catalog.checkpoint(shadow, "views") == folder / "_checkpoints" / "views"
+    # Its inputs are the live ones, and it pushes nothing to the live search index.
+    assert views.inputs(shadow) == views.inputs(settings)
+    assert shadow.search_url == "" and shadow.metrics_port == 0
+
+
+def test_swap_repoints_every_reader_and_retire_removes_only_that_projections_parts(settings):
+    for part in ("mirrors/orders/_delta_log", "tombstones/orders", "_checkpoints/mirrors/commits",
+                 "_fencing/mirrors", "changelog/_delta_log", "_checkpoints/changelog"):
+        (settings.lake / part).mkdir(parents=True)
+    (settings.lake / "_progress").mkdir()
+    (settings.lake / "_progress" / "mirrors.json").write_text("{}")
+    folder = catalog.root(catalog.building(settings, "mirrors", 1), "mirrors")
+    old = catalog.swap(settings, "mirrors", 1, folder)
+    assert old["generation"] == 0
+    assert mirrors.mirror_path(settings, "orders") == folder / "mirrors" / "orders"
+    catalog.retire(settings, mirrors, old)
+    gone = ["mirrors/orders", "tombstones", "_checkpoints/mirrors", "_fencing/mirrors", "_progress/mirrors.json"]
+    assert not any((settings.lake / part).exists() for part in gone)
+    assert (settings.lake / "changelog" / "_delta_log").is_dir() and (settings.lake / "_checkpoints" / "changelog").is_dir()
+    # A later generation is one directory of its own: retiring it removes all of it.
+    (folder / "mirrors").mkdir(parents=True)
+    newer = catalog.root(catalog.building(settings, "mirrors", 2), "mirrors")
+    catalog.retire(settings, mirrors, catalog.swap(settings, "mirrors", 2, newer))
+    assert not folder.exists() and catalog.entry(settings, "mirrors")["generation"] == 2
+
+
+@pytest.mark.parametrize("name,projection", [("mirrors", "mirrors"), ("mirror.orders", "mirrors"),
+                                             ("ledger", "ledger"), ("ledger.balances", "ledger"),
+                                             ("ledger.enriched", "views"), ("view.order_docs", "views"),
+                                             ("history.customers", "views"), ("views", "views")])
+def test_rebuild_takes_a_projection_or_one_of_its_targets(name, projection):
+    assert projection_of(name).NAME == projection
+
+
+@pytest.mark.parametrize("name,message", [("changelog", "bronze record"), ("orders", "no projection or target")])
+def test_rebuild_refuses_the_changelog_and_unknown_names(name, message):
+    with pytest.raises(LakesyncError, match=message):
+        projection_of(name)
