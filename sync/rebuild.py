@@ -135,27 +135,24 @@ def _run(spark, builds: list[Build], say) -> None:
         projection, shadow = build.projection, build.shadow
         if hasattr(projection, "ready") and not projection.ready(shadow):
             raise RebuildFailed(f"{projection.NAME} reads tables that do not exist yet; start the runner first")
-        goal = freshness.input_ends(shadow, projection)
         unit = "offsets" if projection.TOPIC_PATTERN is not None else "table versions"
+        progress = _Progress(projection.NAME, unit, freshness.input_ends(shadow, projection),
+                             freshness.processed(shadow, projection))
         # A pool per projection, as in the runner: the FAIR scheduler shares the cores.
         spark.sparkContext.setLocalProperty("spark.scheduler.pool", projection.NAME)
-        running.append((build, goal, _Progress(projection.NAME, unit, sum(goal.values())),
-                        projection.start(spark, shadow, True, build.fence)))
+        running.append((build, progress, projection.start(spark, shadow, True, build.fence)))
     bar = _Line()
     while any(query.isActive for *_, query in running):
         time.sleep(1)
-        parts = []
-        for build, goal, progress, query in running:
-            done = freshness.processed(build.shadow, build.projection)
-            parts.append(progress.line(sum(min(done.get(tp, 0), end) for tp, end in goal.items())))
-        bar.show(" | ".join(parts))
+        bar.show(" | ".join(progress.line(freshness.processed(build.shadow, build.projection))
+                            for build, progress, _ in running))
     bar.end()
-    for build, goal, progress, query in running:
+    for build, progress, query in running:
         error = query.exception()
         if error is not None:
             text = str(getattr(error, "desc", None) or error).strip().splitlines()
             raise RebuildFailed(f"the rebuild of {build.projection.NAME} failed: {text[0][:500] if text else error}")
-        say(progress.summary())
+        say(progress.summary(freshness.processed(build.shadow, build.projection)))
 
 
 def _verify(spark, settings: Settings, builds: list[Build], say) -> list[Comparison]:
@@ -232,27 +229,29 @@ def _swap(settings: Settings, builds: list[Build], say) -> None:
 
 
 class _Progress:
-    """One projection's progress: done and to go, rate, time left."""
+    """One projection's progress towards `goal` (its inputs' ends when the run began):
+    done and to go, rate, time left."""
 
-    def __init__(self, name: str, unit: str, total: int):
-        self.name, self.unit, self.total = name, unit, total
+    def __init__(self, name: str, unit: str, goal: freshness.Offsets, processed: freshness.Offsets):
+        self.name, self.unit, self.goal = name, unit, goal
+        self.total = sum(goal.values())
+        self.first = self.done(processed)
         self.started = time.monotonic()
-        self.first: int | None = None
 
-    def line(self, done: int) -> str:
-        elapsed = time.monotonic() - self.started
-        if self.first is None:
-            self.first = done
+    def done(self, processed: freshness.Offsets) -> int:
+        return sum(min(processed.get(tp, 0), end) for tp, end in self.goal.items())
+
+    def line(self, processed: freshness.Offsets) -> str:
+        done, elapsed = self.done(processed), time.monotonic() - self.started
         rate = (done - self.first) / elapsed if elapsed > 0 else 0.0
         share = 100.0 * done / self.total if self.total else 100.0
         eta = f"{(self.total - done) / rate:.0f} s" if rate > 0 else "-"
-        return (f"{self.name} {done:,}/{self.total:,} {self.unit} ({share:.0f} %) {_rate(rate)} "
-                f"ETA {eta}")
+        return f"{self.name} {done:,}/{self.total:,} {self.unit} ({share:.0f} %) {_rate(rate)} ETA {eta}"
 
-    def summary(self) -> str:
-        elapsed = time.monotonic() - self.started
-        return (f"  {self.name}: {self.total:,} {self.unit} read in {elapsed:.1f} s "
-                f"({_rate(self.total / elapsed if elapsed else 0.0)})")
+    def summary(self, processed: freshness.Offsets) -> str:
+        done, elapsed = self.done(processed), time.monotonic() - self.started
+        return (f"  {self.name}: {done - self.first:,} {self.unit} read in {elapsed:.1f} s "
+                f"({_rate((done - self.first) / elapsed if elapsed else 0.0)}), at {done:,} of {self.total:,}")
 
 
 class _Line:

@@ -1,4 +1,4 @@
-"""The catalog readers resolve projections through, and what `rebuild NAME` accepts."""
+"""The catalog readers resolve projections through, what `rebuild NAME` accepts, and its progress line."""
 
 from pathlib import Path
 
@@ -65,3 +65,14 @@ def test_rebuild_takes_a_projection_or_one_of_its_targets(name, projection):
 def test_rebuild_refuses_the_changelog_and_unknown_names(name, message):
     with pytest.raises(LakesyncError, match=message):
         projection_of(name)
+
+
+def test_the_progress_line_counts_what_this_run_read_towards_its_goal():
+    from sync.rebuild import _Progress
+
+    goal = {("t", 0): 600, ("t", 1): 400}
+    progress = _Progress("mirrors", "offsets", goal, {("t", 0): 100})
+    line = progress.line({("t", 0): 700, ("t", 1): 150})  # past the goal counts as the goal
+    assert line.startswith("mirrors 750/1,000 offsets (75 %) ") and "ETA" in line
+    summary = progress.summary({("t", 0): 600, ("t", 1): 400})
+    assert summary.startswith("  mirrors: 900 offsets read in ") and summary.endswith("at 1,000 of 1,000")
