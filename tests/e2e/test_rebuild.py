@@ -58,7 +58,7 @@ class Writer(threading.Thread):
                         with Session(engine) as session, session.begin():
                             bank.transfer(session, source, target, Decimal("1.2500"))
                     self.transactions += 1
-                    self.stop.wait(0.2)  # pacing: a steady trickle, not a flood, on two cores
+                    self.stop.wait(0.5)  # pacing: a steady trickle, not a flood, on two cores
         except BaseException as error:  # re-raised by the test
             self.error = error
         finally:
