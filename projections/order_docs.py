@@ -128,13 +128,24 @@ def touched(context, docs: DataFrame, orders: DataFrame) -> DataFrame:
 
 
 def documents(affected: DataFrame, orders: DataFrame, customers: DataFrame, items: DataFrame,
-              docs: DataFrame) -> DataFrame:
-    """The documents of the affected orders, recomputed (a vanished order: deleted)."""
+              docs: DataFrame, high: tuple[int, int]) -> DataFrame:
+    """The documents of the affected orders, recomputed (a vanished order: deleted).
+
+    `high` is the batch's latest source position. The mirrors have applied at least the
+    batch, and may have applied some of the next one, one table at a time: a position
+    read from them beyond `high` is not taken into the version. The change it belongs
+    to touches the document again in its own batch; a version taken early would depend
+    on how far the mirrors happened to be, and a rebuild would not give it."""
+    limit = F.struct(F.lit(high[0]).cast("bigint").alias("_commit_lsn"), F.lit(high[1]).cast("bigint").alias("_lsn"))
+
+    def seen(position):
+        return F.when(position <= limit, position)
+
     lines = (items.join(affected.select("order_id"), "order_id")
              .groupBy("order_id").agg(
                  F.array_sort(F.collect_list(F.struct("line_no", "product_id", "qty", "unit_price"))).alias("lines"),
                  F.sum(F.col("qty") * F.col("unit_price")).alias("total"),
-                 F.max(F.struct("_commit_lsn", "_lsn")).alias("lines_at")))
+                 F.max(seen(F.struct("_commit_lsn", "_lsn"))).alias("lines_at")))
     o = orders.alias("o")
     c = customers.alias("c")
     previous = docs.select("order_id", F.struct(F.col("doc_version").alias("_commit_lsn"),
@@ -145,8 +156,12 @@ def documents(affected: DataFrame, orders: DataFrame, customers: DataFrame, item
               .join(previous, "order_id", "left"))
     exists = F.col("o.id").isNotNull()
     version = F.greatest(F.col("changed_at"), F.col("previous_at"), F.col("lines_at"),
-                         F.when(exists, F.struct(F.col("o._commit_lsn"), F.col("o._lsn"))),
-                         F.when(F.col("c.id").isNotNull(), F.struct(F.col("c._commit_lsn"), F.col("c._lsn"))))
+                         F.when(exists, seen(F.struct(F.col("o._commit_lsn"), F.col("o._lsn")))),
+                         F.when(F.col("c.id").isNotNull(), seen(F.struct(F.col("c._commit_lsn"), F.col("c._lsn")))))
+    # Every position that shaped it is ahead (an order reached through its customer whose
+    # own row the mirror has already moved on): the batch's position stands in, below
+    # the version the ahead change will give it in its own batch.
+    version = F.coalesce(version, limit)
     customer = F.when(F.col("c.id").isNotNull(), F.struct("c.id", "c.name", "c.email", "c.tier"))
     # An order gone from Postgres keeps a deleted document if it ever had one, or if its
     # own row changed in this batch: a rebuild seeing it created and deleted in one batch
@@ -176,9 +191,10 @@ def prepare(context) -> DataFrame | None:
     if affected.isEmpty():
         context.orders_changed = None
         return None
+    high = context.changes.agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("high")).first()["high"]
     fresh = documents(affected, orders.join(affected.select(F.col("order_id").alias("id")), "id"),
                       context.mirror("customers", CUSTOMERS), context.mirror("order_items", ITEMS),
-                      docs.join(affected.select("order_id"), "order_id")).localCheckpoint()
+                      docs.join(affected.select("order_id"), "order_id"), tuple(high)).localCheckpoint()
     context.orders_changed = (docs.join(affected.select("order_id"), "order_id")
                               .select(F.col("customer.id").alias("customer_id"))
                               .unionByName(fresh.select(F.col("customer.id").alias("customer_id")))
