@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 JARS   := build/jvm/.resolved
 
-.PHONY: demo test chaos unit e2e venv jars up down clean
+.PHONY: demo test chaos bench bench-down unit e2e venv jars up down clean
 
 demo: venv jars
 	$(BIN)/lakesync demo
@@ -18,6 +18,17 @@ test: venv jars
 # Kills and restarts under a workload; its own stack session (.ci/run runs it after test).
 chaos: venv jars
 	$(BIN)/python -m pytest -s tests/chaos
+
+# Its own stack (home and ports apart from the demo's and the tests'), no search index.
+BENCH_ENV := LAKESYNC_HOME=$(CURDIR)/.stack-bench LAKESYNC_PG_DSN=postgresql://lakesync_admin@127.0.0.1:35432/lakesync \
+	LAKESYNC_KAFKA_BOOTSTRAP=127.0.0.1:39092 LAKESYNC_CONNECT_URL=http://127.0.0.1:38083 \
+	LAKESYNC_SEARCH_URL=off LAKESYNC_METRICS_PORT=39400 TZ=UTC
+
+bench: venv jars
+	$(BENCH_ENV) $(BIN)/lakesync bench $(BENCH_ARGS)
+
+bench-down:
+	$(BENCH_ENV) $(BIN)/lakesync down
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit
@@ -49,5 +60,5 @@ up: venv jars
 down:
 	$(BIN)/lakesync down
 
-clean: down
-	rm -rf .stack build
+clean: down bench-down
+	rm -rf .stack .stack-bench build

@@ -40,7 +40,7 @@ from sync.delta.merge import (TOMBSTONE_COLUMNS, ensure_table, latest_per_key, m
                               record_tombstones, still_applicable, table_properties)
 from sync.delta.schema import IncompatibleChange, evolve, finish_backfill
 from sync.fault import crash_point
-from sync.progress import Progress
+from sync.progress import Progress, Steps
 from sync.stream import at_or_after, read_topics, run_batches, start_offsets
 
 NAME = "mirrors"
@@ -132,12 +132,16 @@ class MirrorBatch:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession  # this query's own session (its txn tags stay here)
         started = time.time()
+        steps = Steps()
         # Read from Kafka once and kept for every pass below. A local checkpoint, not a
         # cache: MERGE refuses a source with cached parts unless it copies the source
         # first (spark.databricks.delta.merge.materializeSource, sync/spark.py).
         records = batch.where(F.col("value").isNotNull() & self.after_resnapshot).localCheckpoint(eager=True)
+        steps.done("read")
         tables = [self._plan(spark, records, table) for table in self._tables(records)]
+        steps.done("plan")
         set_aside = _refused(spark, [t for t in tables if t.changes is not None])
+        steps.done("refuse")
         applied, stopped, dead = {}, {}, []
         for number, table in enumerate(tables):
             if number == 1:
@@ -147,16 +151,17 @@ class MirrorBatch:
                 if table.error:
                     failed = _all_records(table.records, table.error)
                 elif table.changes is not None:
-                    applied[table.name] = self._apply_table(spark, table, failed, batch_id)
+                    applied[table.name] = self._apply_table(spark, table, failed, batch_id, steps)
             except IncompatibleChange as error:
                 stopped[table.name] = f"mirror stopped: {error}"
                 failed = _all_records(table.records, stopped[table.name])
             dead.extend((topic, partition, offset, table.name, error) for topic, partition, offset, error in failed)
         deadletters.write(spark, self.settings, NAME, batch_id, records, dead, self.fence)
+        steps.done("dead_letters")
         dead_by_table: dict[str, int] = {}
         for *_, table_name, _error in dead:
             dead_by_table[table_name] = dead_by_table.get(table_name, 0) + 1
-        self.progress.record(batch_id, applied, started, dead_by_table, stopped)
+        self.progress.record(batch_id, applied, started, dead_by_table, stopped, step_seconds=steps.seconds)
 
     def _tables(self, records: DataFrame) -> list[dict]:
         """Per topic in the batch: latest value and key schema, latest truncate position,
@@ -196,13 +201,16 @@ class MirrorBatch:
         plan.changes = decode_changes(plan.records, plan.columns)
         return plan
 
-    def _apply_table(self, spark: SparkSession, table: "TablePlan", failed: list[tuple], batch_id: int) -> int:
-        """Step 3 for one table; returns the rows the MERGE affected."""
+    def _apply_table(self, spark: SparkSession, table: "TablePlan", failed: list[tuple], batch_id: int,
+                     steps: Steps) -> int:
+        """Step 3 for one table; returns the rows the MERGE affected. Its parts' seconds
+        add up in `steps` over the batch's tables."""
         self.fence.check()  # schema changes below commit outside commit_batch
         keys = table.keys
         properties = {KEYS_PROPERTY: ",".join(keys), **self.fence.properties}
         target, recorded = evolve(spark, table.path, table.columns, PROVENANCE_DDL, table.records, properties)
         truncated_at = self._truncated_at(spark, table.path, recorded, table.truncated_at)
+        steps.done("evolve")
         good = table.changes.where(F.col(ERROR).isNull()).drop(ERROR)
         if failed:
             refused = spark.createDataFrame([(t, p, o) for t, p, o, _ in failed],
@@ -214,10 +222,12 @@ class MirrorBatch:
         # Computed once and checkpointed (see `records`): MERGE reads its source twice and
         # the tombstones once more.
         latest = latest_per_key(still_applicable(good, keys, truncated_at, known_dead), keys).localCheckpoint()
+        steps.done("latest_per_key")
         metrics = {}
         commit_batch(spark, f"{NAME}:{table.name}", batch_id,
                      lambda: metrics.update(merge_changes(target, latest, keys, table.truncated_at)),
                      self.fence, self.settings.fault)
+        steps.done("merge")
         if table.deletes:
             key_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in target.toDF().schema.fields
                                 if f.name in keys or f.name in TOMBSTONE_COLUMNS)
@@ -226,6 +236,7 @@ class MirrorBatch:
                          lambda: record_tombstones(tombstones, latest, keys), self.fence, self.settings.fault)
         self._sweep_tombstones(spark, table.name)
         finish_backfill(spark, table.path, table.columns, recorded)
+        steps.done("tombstones")
         return int(metrics.get("num_affected_rows", 0))
 
     def _recorded_keys(self, spark: SparkSession, path: str) -> list[str] | None:

@@ -52,7 +52,7 @@ from sync.config import Settings
 from sync.delta.fencing import Fence
 from sync.errors import LakesyncError
 from sync.ledger import ledger_path
-from sync.progress import Progress
+from sync.progress import Progress, Steps
 from sync.stream import at_or_after, run_batches, start_offsets
 
 NAME = "views"
@@ -182,19 +182,6 @@ class ViewsBatch:
                                     f"{MIRROR_WAIT_SECONDS} s; the views wait for them")
             self.fence.check()
             time.sleep(0.25)
-
-
-class Steps:
-    """Seconds per step of one batch, for `status --json` (where a slow batch's time goes)."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-        self._since = time.monotonic()
-
-    def done(self, step: str) -> None:
-        now = time.monotonic()
-        self.seconds[step] = round(now - self._since, 3)
-        self._since = now
 
 
 class Context:

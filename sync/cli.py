@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from sync import config
 from sync.errors import LakesyncError
@@ -155,6 +156,28 @@ def _timestamp(text: str):
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
+def cmd_bench(settings, args) -> int:
+    from sync import bench
+
+    result = bench.run(settings, events=args.events, rate=args.rate, seconds=args.seconds, sizes=args.sizes,
+                       merge_batch=args.merge_batch, json_path=args.json)
+    missed = [goal["what"] for goal in result["goals"].values() if goal["met"] is False]
+    print("bench: every goal met" if not missed else "bench: goals missed: " + "; ".join(missed))
+    return 0
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"not a positive number: {text!r}")
+        return value
+    return parse
+
+
 def cmd_demo(settings, args) -> int:
     from sync import demo
 
@@ -162,6 +185,8 @@ def cmd_demo(settings, args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    from sync.bench import DEFAULT_SIZES
+
     top = argparse.ArgumentParser(prog="lakesync", description="Postgres -> Debezium -> Kafka -> Spark -> Delta")
     sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     up = sub.add_parser("up", help="start the embedded stack (idempotent)")
@@ -192,6 +217,19 @@ def parser() -> argparse.ArgumentParser:
                          help="compare it with the live one at the same source position (pauses capture meanwhile)")
     rebuild.add_argument("--swap", action="store_true", help="then make it the one readers see, and retire the old")
     rebuild.set_defaults(func=cmd_rebuild)
+    bench = sub.add_parser("bench", help="throughput, freshness, merge scaling and rebuild rate, against "
+                                         "the ceiling and the peers (writes bench/results)")
+    bench.add_argument("--events", type=_positive(int), default=1_000_000, metavar="N",
+                       help="change events in the capture backlog (default 1,000,000)")
+    bench.add_argument("--json", type=Path, metavar="PATH", help="where the JSON goes (default bench/results/bench.json)")
+    bench.add_argument("--rate", type=_positive(float), default=1000.0, metavar="R",
+                       help="change events/s of the steady load the freshness is measured at")
+    bench.add_argument("--seconds", type=_positive(float), default=60.0, metavar="S", help="how long the steady load lasts")
+    bench.add_argument("--sizes", type=_positive(int), nargs="+", metavar="ROWS",
+                       default=DEFAULT_SIZES, help="mirror sizes the merge rate is measured against")
+    bench.add_argument("--merge-batch", type=_positive(int), default=50_000, metavar="B",
+                       help="change events per merge batch")
+    bench.set_defaults(func=cmd_bench)
     ledger = sub.add_parser("ledger", help="the auditor's commands over the hash-chained ledger (read-only)")
     actions = ledger.add_subparsers(dest="action", metavar="ACTION", required=True)
     check = actions.add_parser("verify", help="recompute every chain; exit 1 naming the first broken entry")

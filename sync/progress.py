@@ -57,3 +57,17 @@ def read(settings: Settings, projection: str) -> dict[str, Any]:
         return json.loads(catalog.progress_file(settings, projection).read_text())
     except (OSError, ValueError):
         return {}
+
+
+class Steps:
+    """Seconds per step of one batch, for `status --json` (where a slow batch's time goes).
+    A step done several times in a batch (once per table) adds up."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._since = time.monotonic()
+
+    def done(self, step: str) -> None:
+        now = time.monotonic()
+        self.seconds[step] = round(self.seconds.get(step, 0.0) + now - self._since, 3)
+        self._since = now

@@ -73,7 +73,7 @@ def collect(settings: Settings) -> dict[str, Any]:
                 "last_batch_at": _iso(table_state.get("last_batch_at")),
                 "last_batch_rows": table_state.get("last_batch_rows"),
                 "last_batch_seconds": state.get("last_batch_seconds"),
-                "last_batch_steps": state.get("last_batch_steps"),  # where a views batch's time went
+                "last_batch_steps": state.get("last_batch_steps"),  # where a batch's time went (mirrors, views)
                 "rows_applied": table_state.get("rows_applied", 0),
                 "dead_letters": table_state.get("dead_letters", 0),
                 "stopped": table_state.get("stopped"),
