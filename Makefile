@@ -19,10 +19,11 @@ test: venv jars
 chaos: venv jars
 	$(BIN)/python -m pytest -s tests/chaos
 
-# Its own stack (home and ports apart from the demo's and the tests'), no search index.
-BENCH_ENV := LAKESYNC_HOME=$(CURDIR)/.stack-bench LAKESYNC_PG_DSN=postgresql://lakesync_admin@127.0.0.1:35432/lakesync \
-	LAKESYNC_KAFKA_BOOTSTRAP=127.0.0.1:39092 LAKESYNC_CONNECT_URL=http://127.0.0.1:38083 \
-	LAKESYNC_SEARCH_URL=off LAKESYNC_METRICS_PORT=39400 TZ=UTC
+# Its own stack (home and ports apart from the demo's, the tests' and the chaos run's, all below
+# the ephemeral range 32768-60999), no search index.
+BENCH_ENV := LAKESYNC_HOME=$(CURDIR)/.stack-bench LAKESYNC_PG_DSN=postgresql://lakesync_admin@127.0.0.1:22432/lakesync \
+	LAKESYNC_KAFKA_BOOTSTRAP=127.0.0.1:22092 LAKESYNC_CONNECT_URL=http://127.0.0.1:22083 \
+	LAKESYNC_SEARCH_URL=off LAKESYNC_METRICS_PORT=22400 TZ=UTC
 
 bench: venv jars
 	$(BENCH_ENV) $(BIN)/lakesync bench $(BENCH_ARGS)

@@ -248,9 +248,9 @@ def _catch_up(settings: Settings, backlog: dict, say) -> dict:
                      if p.TOPIC_PATTERN and _matches(p.TOPIC_PATTERN, topic))
         seconds = done_at[p.NAME] - running
         by_kind[p.NAME] = {"kind": p.KIND, "seconds": round(seconds, 3), "records": events or None,
-                           "events_per_s": round(events / seconds) if events else None}
+                           "events_per_s": round(events / seconds, 1) if events else None}
         say(f"  {p.NAME}: caught up in {seconds:.1f} s after the runner's start ({running - started:.0f} s)"
-            + (f", {events / seconds:,.0f} records/s" if events else ""))
+            + (f", {events:,} records, {events / seconds:,.1f}/s" if events else ""))
     return by_kind
 
 

@@ -7,11 +7,11 @@ from sync.config import ROOT
 
 os.environ.update({
     "LAKESYNC_HOME": str(ROOT / ".stack-chaos"),
-    "LAKESYNC_PG_DSN": "postgresql://lakesync_admin@127.0.0.1:35432/lakesync",
-    "LAKESYNC_KAFKA_BOOTSTRAP": "127.0.0.1:39092",
-    "LAKESYNC_CONNECT_URL": "http://127.0.0.1:38083",
-    "LAKESYNC_SEARCH_URL": "http://127.0.0.1:39200",
-    "LAKESYNC_METRICS_PORT": "39400",
+    "LAKESYNC_PG_DSN": "postgresql://lakesync_admin@127.0.0.1:24432/lakesync",
+    "LAKESYNC_KAFKA_BOOTSTRAP": "127.0.0.1:24092",
+    "LAKESYNC_CONNECT_URL": "http://127.0.0.1:24083",
+    "LAKESYNC_SEARCH_URL": "http://127.0.0.1:24200",
+    "LAKESYNC_METRICS_PORT": "24400",
 })
 
 from tests.e2e.conftest import app_db, db, stack, synced  # noqa: E402,F401  (the same fixtures)
