@@ -12,8 +12,8 @@ Steps, per size:
   2. S rows appended in key order, in files of about ROWS_PER_FILE rows: the layout a
      mirror built from a snapshot and then appended to has (new keys are the highest).
   3. RUNS batches of B records each, timed one by one; the median is reported. A batch is
-     the live mix: 60% updates of hot keys (Zipf towards the newest rows), 30% inserts of
-     new keys, 10% deletes of cold keys (the oldest rows).
+     the live mix: 60% updates of hot keys (among the newest rows), 30% inserts of new
+     keys, 10% deletes of cold keys (the oldest rows).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sync.bench.workload import hot
 from sync.config import Settings
 
 TOPIC = "lakesync.public.bench_merge"
@@ -63,11 +62,15 @@ def record(op: str, key: int, position: int) -> tuple[bytes, bytes]:
 
 
 def changes(rng: random.Random, next_key: int, oldest: int, batch: int, position: int):
-    """The records of one batch against a table of keys [oldest, next_key): about 60%
-    updates, 30% inserts, 10% deletes (fewer updates when the hot keys repeat)."""
+    """The records of one batch against a table of keys [oldest, next_key): 60% updates,
+    30% inserts, 10% deletes."""
     inserts = range(next_key, next_key + int(batch * 0.3))
     deletes = range(oldest, oldest + int(batch * 0.1))
-    updates = hot(rng, deletes.stop, next_key - 1, batch - len(inserts) - len(deletes), skew=0.8)
+    # Updates: distinct keys among the newest rows (the hot tenth of the table, or twice
+    # what is needed), as in a shop where recent orders change and old ones rest.
+    wanted = batch - len(inserts) - len(deletes)
+    window = range(max(deletes.stop, next_key - max(wanted * 2, (next_key - oldest) // 10)), next_key)
+    updates = rng.sample(window, min(wanted, len(window)))
     ops = [("u", k) for k in updates] + [("c", k) for k in inserts] + [("d", k) for k in deletes]
     rng.shuffle(ops)
     return [record(op, key, position + i) for i, (op, key) in enumerate(ops)], len(inserts), len(deletes)
