@@ -162,11 +162,21 @@ def _compaction_under_load(settings: Settings, rate: float, seconds: float, say)
     from sync import demo
     from sync.bench.workload import Load
 
+    failures: list[BaseException] = []
+
+    def steady(conn) -> None:
+        try:
+            Load(conn, random.Random(3)).steady(rate, seconds)
+        except BaseException as failure:  # re-raised below, not lost with the thread
+            failures.append(failure)
+
     with demo.app_connect(settings) as conn:
-        load = threading.Thread(target=Load(conn, random.Random(3)).steady, args=(rate, seconds))
+        load = threading.Thread(target=steady, args=(conn,))
         load.start()
         compaction = _compact(settings)
         load.join()
+    if failures:
+        raise failures[0]
     if not _runner_running(settings):
         compaction["runner_failed"] = (settings.logs / "runner.log").read_text().splitlines()[-3:]
         _runner(settings, start=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from decimal import Decimal
 
 import psycopg
 
@@ -93,8 +94,8 @@ class Load:
                 "UPDATE customers SET tier = %s, updated_at = now() WHERE id = ANY(%s)",
                 (rng.choice(TIERS), hot(rng, 1, self.customers, max(1, updates // 10)))).rowcount)
             self.counts.add(conn.execute(
-                "UPDATE products SET price = round((price * %s)::numeric, 2) WHERE id = ANY(%s)",
-                (rng.choice([0.99, 1.01, 1.02]), hot(rng, 1, self.products, max(1, updates // 10)))).rowcount)
+                "UPDATE products SET price = %s WHERE id = ANY(%s)",
+                (Decimal(rng.randint(100, 100_000)) / 100, hot(rng, 1, self.products, max(1, updates // 10)))).rowcount)
             if deletes and self.max_order - self.min_order > 10 * deletes:
                 # The oldest orders go: the cold end, away from the updates' hot keys.
                 gone = list(range(self.min_order, self.min_order + deletes))
