@@ -4,7 +4,8 @@ One run, on the embedded stack named by the environment (`make bench` gives it i
 home and ports), in this order so no two Spark drivers compete while one is timed:
   1. Stack up; the demo schema seeded; the runner started and brought fresh.
   2. Freshness: a steady load (`--rate` change events/s for `--seconds`, bank transfers
-     beside it) with the runner applying as it goes. Then, the load going on, OPTIMIZE
+     beside it) with the runner applying as it goes; the barrier; the freshness read
+     from the tables at once (sync/bench/latency.py). Then, the load going on, OPTIMIZE
      compacts the orders mirror from this process while the runner writes it (a conflict
      would fail the runner: it is reported). Then the barrier.
   3. Capture: the runner stopped and the connector paused, a backlog of `--events`
@@ -21,8 +22,7 @@ home and ports), in this order so no two Spark drivers compete while one is time
      row counts are checked against Postgres.
   7. Spark Declarative Pipelines' AUTO CDC flow: it cannot run on open-source Spark 4.2
      with Delta (SDP_REASON); the JSON says why instead of a figure.
-  8. The freshness of step 2 computed from the tables; JSON, markdown table and plots
-     written to bench/results (sync/bench/report.py).
+  8. JSON, markdown table and plots written to bench/results (sync/bench/report.py).
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ def run(settings: Settings, events: int, rate: float, seconds: float, sizes: lis
 
     say(f"2/8 freshness: {rate:,.0f} change events/s for {seconds:.0f} s; then a mirror compacted under that load")
     window, figures["steady_events_per_s"] = _steady(settings, rate, seconds, say)
+    _barrier(settings)
+    delays = _freshness(settings, window, figures, say)
     figures["compaction"] = _compaction_under_load(settings, rate, seconds, say)
     _barrier(settings)
     _runner(settings, start=False)
@@ -91,8 +93,7 @@ def run(settings: Settings, events: int, rate: float, seconds: float, sizes: lis
     say("7/8 Spark Declarative Pipelines' AUTO CDC flow")
     figures.update(_sdp(say))
 
-    say("8/8 freshness from the tables; writing bench/results")
-    delays = _freshness(spark, settings, window, figures)
+    say("8/8 writing bench/results")
     result = report.summarise(figures)
     for path in report.write(result, RESULTS, json_path, delays):
         say(f"  wrote {path}")
@@ -348,19 +349,27 @@ def _sdp(say) -> dict:
     return {"sdp_events_per_s": None, "sdp_reason": SDP_REASON}
 
 
-def _freshness(spark, settings: Settings, window: tuple[datetime, datetime], figures: dict) -> list[float]:
+def _freshness(settings: Settings, window: tuple[datetime, datetime], figures: dict, say) -> list[float]:
+    """Step 2's figures, read from the tables right after the window (sync/bench/latency.py)."""
+    from sync import spark as spark_session
     from sync.bench import latency, report
 
+    spark = spark_session.session(settings, "lakesync-bench")
     start, end = window
-    delays = latency.mirror_delays(spark, settings, start, end)
+    per_event = latency.changelog_delays(spark, settings, start, end)
+    per_key = latency.mirror_delays(spark, settings, start, end)
     capture = latency.capture_delays(spark, settings, start, end)
     figures.update({
-        "steady_events_per_s": figures.get("steady_events_per_s"),
-        "freshness_samples": len(delays),
-        **{f"freshness_p{q}_s": _round(report.percentile(delays, q)) for q in (50, 95, 99)},
+        "freshness_samples": len(per_event),
+        **{f"freshness_p{q}_s": _round(report.percentile(per_event, q)) for q in (50, 95, 99)},
+        "freshness_mirrors_samples": len(per_key),
+        **{f"freshness_mirrors_p{q}_s": _round(report.percentile(per_key, q)) for q in (50, 99)},
         **{f"capture_delay_p{q}_s": _round(report.percentile(capture, q)) for q in (50, 99)},
     })
-    return delays
+    say(f"  freshness per event (changelog): p50 {figures['freshness_p50_s']} s, p99 {figures['freshness_p99_s']} s "
+        f"over {len(per_event):,} events; mirrors (last change per key): p50 {figures['freshness_mirrors_p50_s']} s; "
+        f"capture's share p50 {figures['capture_delay_p50_s']} s")
+    return per_event
 
 
 def _round(value: float | None) -> float | None:
