@@ -28,6 +28,7 @@ home and ports), in this order so no two Spark drivers compete while one is time
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import threading
 import time
@@ -242,8 +243,8 @@ def _capture(settings: Settings, events: int, say) -> tuple[dict, dict]:
 def _catch_up(settings: Settings, backlog: dict, say) -> dict:
     """Step 4: per projection, the seconds from the runner's start until its checkpoint
     covers what its inputs held when it started (the views: once their inputs are done)."""
-    from projections import all_projections
-    from sync import freshness
+    from projections import all_projections, views
+    from sync import freshness, progress
 
     started = time.monotonic()
     _runner(settings, start=True)
@@ -252,6 +253,7 @@ def _catch_up(settings: Settings, backlog: dict, say) -> dict:
     fed_by_kafka = [p for p in projections if p.TOPIC_PATTERN is not None]
     goals = {p.NAME: freshness.input_ends(settings, p) for p in fed_by_kafka}
     done_at: dict[str, float] = {}
+    steps: dict[str, dict | None] = {}
     while len(done_at) < len(projections):
         if time.monotonic() - started > 3600:
             raise BenchFailed(f"the runner did not catch up within an hour: {sorted(set(goals) - set(done_at))}")
@@ -263,14 +265,20 @@ def _catch_up(settings: Settings, backlog: dict, say) -> dict:
                 done = freshness.processed(settings, p)
                 if all(done.get(tp, 0) >= end for tp, end in goals[p.NAME].items()):
                     done_at[p.NAME] = time.monotonic()
+                    # Where its last catch-up batch's time went (mirrors, views), before
+                    # a later batch replaces it.
+                    steps[p.NAME] = progress.read(settings, p.NAME).get("last_batch_steps")
         time.sleep(0.1)
     by_kind = {}
     for p in projections:
+        # The views read the changelog's rows of their tables, one per change record.
+        pattern = p.TOPIC_PATTERN or "|".join(re.escape(f"lakesync.{t}") for t in views.TABLES)
         events = sum(end - start for (topic, partition), (start, end) in backlog.items()
-                     if p.TOPIC_PATTERN and _matches(p.TOPIC_PATTERN, topic))
+                     if _matches(pattern, topic))
         seconds = done_at[p.NAME] - running
         by_kind[p.NAME] = {"kind": p.KIND, "seconds": round(seconds, 3), "records": events or None,
-                           "events_per_s": round(events / seconds, 1) if events else None}
+                           "events_per_s": round(events / seconds, 1) if events else None,
+                           "last_batch_steps": steps[p.NAME]}
         say(f"  {p.NAME}: caught up in {seconds:.1f} s after the runner's start ({running - started:.0f} s)"
             + (f", {events:,} records, {events / seconds:,.1f}/s" if events else ""))
     return by_kind
@@ -377,7 +385,5 @@ def _round(value: float | None) -> float | None:
 
 
 def _matches(pattern: str, topic: str) -> bool:
-    import re
-
     return re.fullmatch(pattern, topic) is not None
 
