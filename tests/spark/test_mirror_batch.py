@@ -14,20 +14,14 @@ from delta.tables import DeltaTable
 
 from projections import mirrors
 from sync import config
+from sync.bench import merge_scaling
 from sync.delta import deadletters, fencing
 from sync.errors import Fenced
 
 pytestmark = pytest.mark.spark
 
 TOPIC = "lakesync.public.widgets"
-FIELDS = [
-    {"type": "int64", "optional": False, "field": "id"},
-    {"type": "string", "optional": True, "field": "name"},
-    {"type": "string", "optional": True, "field": "price",
-     "parameters": {"__debezium.source.column.type": "NUMERIC", "__debezium.source.column.length": "12",
-                    "__debezium.source.column.scale": "2"}},
-    {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "field": "seen_at"},
-]
+FIELDS = merge_scaling.FIELDS  # id bigint, name text, price numeric(12,2), seen_at timestamptz
 ROW_SCHEMA = {"type": "struct", "fields": FIELDS, "optional": True}
 VALUE_SCHEMA = {"type": "struct", "fields": [{**ROW_SCHEMA, "field": "before"}, {**ROW_SCHEMA, "field": "after"},
                                              {"type": "struct", "field": "source", "fields": []},
