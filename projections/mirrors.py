@@ -110,9 +110,10 @@ class MirrorBatch:
     """foreachBatch function: applies one micro-batch to every table it touches.
 
     Steps, in order:
-      1. Per topic in the batch: the table's columns, key and latest truncate (one job).
-      2. Decode every table's changes and find, in one job for all tables, the records
-         that cannot be applied (undecodable, or repeating a source position).
+      1. Per topic in the batch: the table's columns, key and latest truncate (one job);
+         then each table's changes, decoded once and checkpointed for steps 2 and 3.
+      2. Find, in one job for all tables, the records that cannot be applied
+         (undecodable, or repeating a source position).
       3. Per table, one after the other (crash point `between_tables` after the first):
          evolve the schema, MERGE, record tombstones, finish a pending backfill. Each
          Delta write is its own idempotent commit (txnAppId `mirrors:<table>`,
