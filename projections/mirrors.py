@@ -180,7 +180,7 @@ class MirrorBatch:
                       # A truncate's key is its topic (connectors/: KeyTruncateEvents), not the table's key.
                       F.max_by("key", F.when(F.col("key").isNotNull() & (op != "t"), F.col("offset")))
                       .alias("last_key"),
-                      F.max_by(F.when(op == "t", value), truncate).alias("last_truncate"),
+                      F.max_by(value, truncate).alias("last_truncate"),  # a null ordering is skipped
                       F.max(op == "d").alias("deletes")))
         return (latest.select(
             "topic", "deletes",
