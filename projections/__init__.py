@@ -25,6 +25,6 @@ class Target:
 
 
 def all_projections():
-    from projections import changelog, ledger, mirrors, views
+    from projections import changelog, event_time, ledger, mirrors, views
 
-    return [mirrors, changelog, ledger, views]
+    return [mirrors, changelog, ledger, views, event_time]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 
 from sqlalchemy import create_engine, text
@@ -56,22 +57,23 @@ def open_house_accounts(session: Session) -> None:
                         {"id": account, "currency": currency})
 
 
-def deposit(session: Session, account: int, amount: Decimal) -> str:
+def deposit(session: Session, account: int, amount: Decimal, occurred_at: datetime | None = None) -> str:
     house = _house(session, account, amount)
-    return _post(session, "deposit", [Posting(account, amount), Posting(house, -amount)])
+    return _post(session, "deposit", [Posting(account, amount), Posting(house, -amount)], occurred_at=occurred_at)
 
 
-def withdraw(session: Session, account: int, amount: Decimal) -> str:
+def withdraw(session: Session, account: int, amount: Decimal, occurred_at: datetime | None = None) -> str:
     house = _house(session, account, amount)
-    return _post(session, "withdrawal", [Posting(account, -amount), Posting(house, amount)])
+    return _post(session, "withdrawal", [Posting(account, -amount), Posting(house, amount)], occurred_at=occurred_at)
 
 
-def transfer(session: Session, source: int, target: int, amount: Decimal) -> str:
+def transfer(session: Session, source: int, target: int, amount: Decimal,
+             occurred_at: datetime | None = None) -> str:
     if source == target:
         raise Refused("a transfer needs two different accounts")
     if amount <= 0:
         raise Refused(f"a transfer moves a positive amount, not {amount}")
-    return _post(session, "transfer", [Posting(source, -amount), Posting(target, amount)])
+    return _post(session, "transfer", [Posting(source, -amount), Posting(target, amount)], occurred_at=occurred_at)
 
 
 def reverse(session: Session, operation_id: str, postings: list[Posting]) -> str:
@@ -91,8 +93,10 @@ def _house(session: Session, account: int, amount: Decimal) -> int:
     return HOUSE[currency]
 
 
-def _post(session: Session, operation: str, postings: list[Posting], corrects: str | None = None) -> str:
-    """Steps 1-3 of the module docstring, for one operation; returns its id."""
+def _post(session: Session, operation: str, postings: list[Posting], corrects: str | None = None,
+          occurred_at: datetime | None = None) -> str:
+    """Steps 1-3 of the module docstring, for one operation; returns its id. The
+    operation happened at `occurred_at` (its postings' event time), by default now."""
     if sum(p.amount for p in postings) != 0:
         raise Refused(f"postings of a {operation} must sum to zero")
     if any(p.amount.quantize(SCALE) != p.amount or p.amount == 0 or abs(p.amount) >= MAX_AMOUNT
@@ -117,5 +121,6 @@ def _post(session: Session, operation: str, postings: list[Posting], corrects: s
         counterparty = next((q.account for q in postings if q.account != p.account), None)
         emit(session, AGGREGATE, p.account, "credited" if p.amount > 0 else "debited", {
             "operation": operation, "operation_id": operation_id, "account": p.account,
-            "amount": p.amount, "currency": currency, "counterparty": counterparty, "corrects": corrects})
+            "amount": p.amount, "currency": currency, "counterparty": counterparty, "corrects": corrects},
+             occurred_at=occurred_at)
     return operation_id

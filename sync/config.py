@@ -36,6 +36,15 @@ def _env(name: str, default: str) -> str:
     return value or default
 
 
+def _seconds(name: str, default: str) -> int:
+    value = _env(name, default)
+    if not value.isdigit():
+        from sync.errors import LakesyncError
+
+        raise LakesyncError(f"{name} must be a whole number of seconds (0 or more), not {value!r}")
+    return int(value)
+
+
 def _port(url: str, default: int) -> int:
     return urlsplit(url if "//" in url else f"//{url}").port or default
 
@@ -63,6 +72,11 @@ class Settings:
     search_url: str = ""
     # Where the runner serves Prometheus metrics (127.0.0.1); 0 when LAKESYNC_METRICS_PORT=off.
     metrics_port: int = 0
+    # Event time (projections/event_time.py): the watermark trails the greatest event time
+    # seen by this much, and a window still takes corrections until the watermark is this
+    # far past its end. Changing either needs `lakesync rebuild event_time`.
+    watermark_delay_seconds: int = 600
+    allowed_lateness_seconds: int = 3600
     # (projection, directory) pairs overriding the catalog (sync/catalog.py): a rebuild
     # writes the projection it builds there. Empty for every other command.
     roots: tuple[tuple[str, str], ...] = ()
@@ -151,6 +165,8 @@ def load() -> Settings:
         search_url="" if _env("LAKESYNC_SEARCH_URL", "") == "off"
         else _env("LAKESYNC_SEARCH_URL", "http://127.0.0.1:19200").rstrip("/"),
         metrics_port=0 if _env("LAKESYNC_METRICS_PORT", "") == "off" else int(_env("LAKESYNC_METRICS_PORT", "19400")),
+        watermark_delay_seconds=_seconds("LAKESYNC_WATERMARK_DELAY_SECONDS", "600"),
+        allowed_lateness_seconds=_seconds("LAKESYNC_ALLOWED_LATENESS_SECONDS", "3600"),
     )
     # Passwords never sit in a DSN: libpq reads them from this file (user-set wins).
     os.environ.setdefault("PGPASSFILE", str(settings.pgpass_file))

@@ -25,10 +25,13 @@ class Progress:
     def record(self, batch_id: int, applied_by_table: dict[str, int], started: float,
                dead_letters_by_table: dict[str, int] | None = None,
                stopped_by_table: dict[str, str] | None = None,
-               step_seconds: dict[str, float] | None = None) -> None:
+               step_seconds: dict[str, float] | None = None,
+               late_events_by_table: dict[str, int] | None = None,
+               watermarks: dict[str, str] | None = None) -> None:
         """After a batch: rows applied, dead letters written and stopped mirrors, per
         table (a table that applied again is no longer stopped); the seconds each step
-        took, for a projection that measures its steps."""
+        took, for a projection that measures its steps; for event time, how many late
+        events a table holds now and each stream's watermark."""
         tables = self.state.setdefault("tables", {})
         for table, rows in applied_by_table.items():
             entry = tables.setdefault(table, {"rows_applied": 0})
@@ -39,6 +42,10 @@ class Progress:
         for table, count in (dead_letters_by_table or {}).items():
             entry = tables.setdefault(table, {"rows_applied": 0})
             entry["dead_letters"] = entry.get("dead_letters", 0) + count
+        for table, count in (late_events_by_table or {}).items():
+            tables.setdefault(table, {"rows_applied": 0})["late_events"] = count
+        if watermarks:
+            self.state["watermarks"] = watermarks
         for table, reason in (stopped_by_table or {}).items():
             tables.setdefault(table, {"rows_applied": 0})["stopped"] = reason
         self.state.update(batch_id=batch_id, last_batch_at=time.time(),

@@ -69,7 +69,8 @@ def projection_of(name: str):
 
     by_name = {p.NAME: p for p in all_projections()}
     prefixes = {"mirror.": "mirrors", "ledger.enriched": "views", "ledger.": "ledger", "history.": "views",
-                "view.": "views", "search.": "views"}
+                "view.": "views", "search.": "views", "window.": "event_time", "join.": "event_time",
+                "late.": "event_time", "event_time.": "event_time"}
     found = by_name.get(name) or next((by_name[p] for prefix, p in prefixes.items() if name.startswith(prefix)),
                                       None)
     if found is None:

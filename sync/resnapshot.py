@@ -15,8 +15,8 @@ the mirrors are rebuilt from a new consistent snapshot. Steps of `resnapshot`, i
      again (`lakesync run`), they read only records after the offsets of step 4, that
      is the snapshot and what follows it. The changelog keeps its history (with the
      gap, which no one can fill); its check in `verify` starts at the same offsets.
-     The views and the search index are reset too and rebuild from the same offsets
-     (projections/views.py `reset`).
+     The views, the search index and the event-time tables are reset too and rebuild
+     from the same offsets (`reset` in projections/views.py and event_time.py).
   7. Wait until the connector streams again.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import shutil
 
-from projections import mirrors, views
+from projections import event_time, mirrors, views
 from sync import catalog
 from sync.config import CONNECTOR_NAME, SLOT, Settings
 from sync.freshness import end_offsets, pg_connect
@@ -53,6 +53,7 @@ def resnapshot(settings: Settings, say=print) -> None:
     catalog.progress_file(settings, mirrors.NAME).unlink(missing_ok=True)
     say("  mirrors              reset; they rebuild from the snapshot when the runner starts")
     views.reset(settings)
-    say("  views                reset; they rebuild from the snapshot when the runner starts")
+    event_time.reset(settings)
+    say("  views, event time    reset; they rebuild from the snapshot when the runner starts")
     Connect(settings).register()
     say("  connector            streaming")

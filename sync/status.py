@@ -76,6 +76,9 @@ def collect(settings: Settings) -> dict[str, Any]:
                 "last_batch_steps": state.get("last_batch_steps"),  # where a batch's time went (mirrors, views)
                 "rows_applied": table_state.get("rows_applied", 0),
                 "dead_letters": table_state.get("dead_letters", 0),
+                # event time: events beyond the allowed lateness, kept in the late table
+                "late_events": table_state.get("late_events", 0),
+                "watermarks": state.get("watermarks"),
                 "stopped": table_state.get("stopped"),
             })
     return {"components": components, "slot_lag_bytes": slot_lag, "projections": projections}
@@ -109,6 +112,9 @@ def render(report: dict[str, Any]) -> str:
     for p in report["projections"]:
         lines.append(f"{p['name']:<28} {p['kind']:<9} {str(p['lag']):>6} {p['rows_applied']:>13} "
                      f"{p['dead_letters']:>12}  {(p['last_batch_at'] or '-')[:26]:<26} {p['table']}")
+        if p.get("late_events"):
+            marks = ", ".join(f"{stream} {mark}" for stream, mark in (p.get("watermarks") or {}).items())
+            lines.append(f"    late events: {p['late_events']} (beyond the allowed lateness); watermarks: {marks}")
         if p.get("stopped"):
             lines.append(f"    STOPPED: {p['stopped']}")
     return "\n".join(lines)

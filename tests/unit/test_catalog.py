@@ -56,7 +56,10 @@ def test_swap_repoints_every_reader_and_retire_removes_only_that_projections_par
 @pytest.mark.parametrize("name,projection", [("mirrors", "mirrors"), ("mirror.orders", "mirrors"),
                                              ("ledger", "ledger"), ("ledger.balances", "ledger"),
                                              ("ledger.enriched", "views"), ("view.order_docs", "views"),
-                                             ("history.customers", "views"), ("views", "views")])
+                                             ("history.customers", "views"), ("views", "views"),
+                                             ("event_time", "event_time"), ("window.account_hourly", "event_time"),
+                                             ("join.order_payments", "event_time"), ("late.event_time", "event_time"),
+                                             ("event_time.inputs", "event_time")])
 def test_rebuild_takes_a_projection_or_one_of_its_targets(name, projection):
     assert projection_of(name).NAME == projection
 
