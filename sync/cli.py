@@ -212,7 +212,8 @@ def parser() -> argparse.ArgumentParser:
                    ).set_defaults(func=cmd_resnapshot)
     rebuild = sub.add_parser("rebuild", help="rebuild a projection from offset zero beside the live one")
     rebuild.add_argument("names", nargs="+", metavar="NAME",
-                         help="mirrors, ledger, views, event_time, or one of their targets; several are rebuilt side by side")
+                         help="mirrors, ledger, views, event_time, or one of their targets; "
+                              "several are rebuilt side by side")
     rebuild.add_argument("--verify", action="store_true",
                          help="compare it with the live one at the same source position (pauses capture meanwhile)")
     rebuild.add_argument("--swap", action="store_true", help="then make it the one readers see, and retire the old")

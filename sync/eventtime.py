@@ -28,6 +28,7 @@ it on the driver, and the unit tests pin it on exact inputs.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -188,15 +189,20 @@ def session_corrections(entries: Iterable[dict], gap: timedelta) -> int:
     sub-sessions formed so far, an entry is a correction when it extends or merges a
     sub-session whose end its watermark had passed, or starts one that ends at or
     before its watermark."""
-    parts: list[list[datetime]] = []  # [start, end) of the sub-sessions so far
+    starts: list[datetime] = []  # the sub-sessions so far, [start, end), disjoint and sorted
+    ends: list[datetime] = []
     corrections = 0
     for e in sorted(entries, key=lambda e: e["position"]):
         t, mark = e["event_time"], e["watermark_before"]
-        touched = [p for p in parts if t <= p[1] and t + gap >= p[0]]  # (touching joins: split_sessions)
-        if mark is not None and (any(p[1] <= mark for p in touched) or (not touched and t + gap <= mark)):
+        # The sub-sessions it touches (touching joins, as in split_sessions) are a run:
+        # those starting at or before t + gap and ending at or after t.
+        low, high = bisect.bisect_left(ends, t), bisect.bisect_right(starts, t + gap)
+        touched = range(low, max(low, high))
+        if mark is not None and (any(ends[i] <= mark for i in touched) or (not touched and t + gap <= mark)):
             corrections += 1
-        merged = [min([t, *(p[0] for p in touched)]), max([t + gap, *(p[1] for p in touched)])]
-        parts = [p for p in parts if p not in touched] + [merged]
+        start = min(t, starts[low]) if touched else t
+        end = max(t + gap, ends[high - 1]) if touched else t + gap
+        starts[low:max(low, high)], ends[low:max(low, high)] = [start], [end]
     return corrections
 
 
