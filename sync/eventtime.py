@@ -88,10 +88,6 @@ class Clock:
         return self.max_event_time - delay
 
 
-def watermark_of(clock: Clock | None, delay: timedelta) -> datetime | None:
-    return clock.watermark(delay) if clock else None
-
-
 def stamp(events: Iterable[dict], clock: Clock | None, delay: timedelta,
           max_before: Callable[[Position], datetime | None] | None = None) -> tuple[list[dict], Clock | None]:
     """Each event (a dict with `position` and `event_time`) with its `watermark_before`,
