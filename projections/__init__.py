@@ -25,6 +25,9 @@ class Target:
 
 
 def all_projections():
-    from projections import changelog, event_time, ledger, mirrors, views
+    from projections import changelog, mirrors
+    from projections.event_time import projection as event_time
+    from projections.ledger import projection as ledger
+    from projections.views import projection as views
 
     return [mirrors, changelog, ledger, views, event_time]

@@ -27,14 +27,14 @@ from pyspark.sql.streaming import StreamingQuery
 
 from projections import Target
 from projections.mirrors import TOPIC_PATTERN
-from sync import catalog
+from sync.delta import catalog
 from sync.cdc.ordering import position_columns
 from sync.config import Settings
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table
-from sync.progress import Progress
-from sync.stream import at_or_after, read_topics, run_batches, start_offsets
+from sync.streaming.progress import Progress
+from sync.streaming.stream import at_or_after, read_topics, run_batches, start_offsets
 
 NAME = "changelog"
 KIND = "changelog"
@@ -129,7 +129,7 @@ def check(settings: Settings, spark: SparkSession, conn, target: Target):
     """verify's comparison for the changelog (see Oracle above)."""
     from delta.tables import DeltaTable
 
-    from sync.verify import compare
+    from sync.commands.verify import compare
 
     source = _postgres_keys(conn)
     if not DeltaTable.isDeltaTable(spark, target.table):

@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from projections import Target
-from sync import catalog
+from sync.delta import catalog
 from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes
 from sync.cdc.ordering import parse_sequence
 from sync.cdc.types import ColumnType, key_columns, table_columns
@@ -40,8 +40,8 @@ from sync.delta.merge import (TOMBSTONE_COLUMNS, ensure_table, latest_per_key, m
                               record_tombstones, still_applicable, table_properties)
 from sync.delta.schema import IncompatibleChange, evolve, finish_backfill
 from sync.fault import crash_point
-from sync.progress import Progress, Steps
-from sync.stream import at_or_after, read_topics, run_batches, start_offsets
+from sync.streaming.progress import Progress, Steps
+from sync.streaming.stream import at_or_after, read_topics, run_batches, start_offsets
 
 NAME = "mirrors"
 KIND = "mirror"
@@ -136,7 +136,7 @@ class MirrorBatch:
         steps = Steps()
         # Read from Kafka once and kept for every pass below. A local checkpoint, not a
         # cache: MERGE refuses a source with cached parts unless it copies the source
-        # first (spark.databricks.delta.merge.materializeSource, sync/spark.py).
+        # first (spark.databricks.delta.merge.materializeSource, sync/streaming/spark.py).
         records = batch.where(F.col("value").isNotNull() & self.after_resnapshot).localCheckpoint(eager=True)
         steps.done("read")
         tables = [self._plan(spark, records, table) for table in self._tables(records)]

@@ -46,14 +46,14 @@ def cmd_down(settings, args) -> int:
 
 
 def cmd_run(settings, args) -> int:
-    from sync import runner
+    from sync.commands import runner
 
     runner.run(settings, once=args.once)
     return 0
 
 
 def cmd_wait(settings, args) -> int:
-    from sync import freshness
+    from sync.commands import freshness
 
     took = freshness.wait(settings, timeout=args.timeout)
     print(f"fresh: every projection reflects Postgres as of the call ({took:.1f}s)")
@@ -61,7 +61,7 @@ def cmd_wait(settings, args) -> int:
 
 
 def cmd_verify(settings, args) -> int:
-    from sync import verify
+    from sync.commands import verify
 
     reports = verify.verify(settings)
     ok = all(r.differences == 0 for r in reports)
@@ -79,7 +79,7 @@ def cmd_verify(settings, args) -> int:
 
 
 def cmd_status(settings, args) -> int:
-    from sync import status
+    from sync.commands import status
 
     report = status.collect(settings)
     print(json.dumps(report, indent=2) if args.json else status.render(report))
@@ -87,7 +87,7 @@ def cmd_status(settings, args) -> int:
 
 
 def cmd_resnapshot(settings, args) -> int:
-    from sync.resnapshot import resnapshot
+    from sync.commands.resnapshot import resnapshot
 
     print("taking a fresh snapshot; the mirrors are rebuilt from it")
     resnapshot(settings)
@@ -96,7 +96,7 @@ def cmd_resnapshot(settings, args) -> int:
 
 
 def cmd_rebuild(settings, args) -> int:
-    from sync import rebuild
+    from sync.commands import rebuild
 
     comparisons = rebuild.rebuild(settings, args.names, verify=args.verify, swap=args.swap)
     if not args.verify:
@@ -112,8 +112,8 @@ def cmd_rebuild(settings, args) -> int:
 
 
 def cmd_ledger(settings, args) -> int:
-    """The auditor's commands (sync/ledger/audit.py): they only read the lake."""
-    from sync.ledger import audit, balances_path, ledger_path
+    """The auditor's commands (projections/ledger/audit.py): they only read the lake."""
+    from projections.ledger import audit, balances_path, ledger_path
 
     path = ledger_path(settings)
     if args.action == "verify":

@@ -72,12 +72,12 @@ class Settings:
     search_url: str = ""
     # Where the runner serves Prometheus metrics (127.0.0.1); 0 when LAKESYNC_METRICS_PORT=off.
     metrics_port: int = 0
-    # Event time (projections/event_time.py): the watermark trails the greatest event time
+    # Event time (projections/event_time/): the watermark trails the greatest event time
     # seen by this much, and a window still takes corrections until the watermark is this
     # far past its end. Changing either needs `lakesync rebuild event_time`.
     watermark_delay_seconds: int = 600
     allowed_lateness_seconds: int = 3600
-    # (projection, directory) pairs overriding the catalog (sync/catalog.py): a rebuild
+    # (projection, directory) pairs overriding the catalog (sync/delta/catalog.py): a rebuild
     # writes the projection it builds there. Empty for every other command.
     roots: tuple[tuple[str, str], ...] = ()
     secrets_file: Path = field(init=False)
@@ -128,7 +128,7 @@ class Settings:
     def connect_secrets_file(self) -> str:
         return self.connect_secrets_path or str(self.secrets_file)
 
-    # -- where the runner keeps its state (a projection's checkpoint: sync/catalog.py) --
+    # -- where the runner keeps its state (a projection's checkpoint: sync/delta/catalog.py) --
     @property
     def runner_pidfile(self) -> Path:
         return self.home / "runner.pid"

@@ -32,7 +32,7 @@ def spark():
     import time
 
     from sync import config
-    from sync import spark as spark_session
+    from sync.streaming import spark as spark_session
 
     time.tzset()
     session = spark_session.session(config.load(), "lakesync-tests")

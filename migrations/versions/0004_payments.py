@@ -1,8 +1,8 @@
-"""Payments: the second stream of the event-time join (projections/event_time.py).
+"""Payments: the second stream of the event-time join (projections/event_time/).
 
 One row per payment of an order, with when it was paid (its event time). A table rather
 than outbox events, so the join of orders with their payments has Postgres as its
-oracle (projections/event_time.py, ORDER_PAYMENTS_SQL). The publication covers the
+oracle (projections/event_time/, ORDER_PAYMENTS_SQL). The publication covers the
 schema and the grants come from 0001's default privileges, so capture needs nothing
 more; the primary key satisfies 0002's rule.
 

@@ -82,7 +82,7 @@ def run(settings: Settings, events: int, rate: float, seconds: float, sizes: lis
     _runner(settings, start=False)
 
     say("5/8 ceiling, rebuild and merge scaling, in one Spark session")
-    from sync import spark as spark_session
+    from sync.streaming import spark as spark_session
 
     spark = spark_session.session(settings, "lakesync-bench")
     replay = _replay_ranges(settings)
@@ -105,7 +105,8 @@ def run(settings: Settings, events: int, rate: float, seconds: float, sizes: lis
 def _seed(settings: Settings) -> None:
     from sqlalchemy.orm import Session
 
-    from sync import bank, config, demo
+    from sync.demo import bank
+    from sync import config, demo
     from sync.config import ROLES
 
     rng = random.Random(7)
@@ -119,7 +120,7 @@ def _seed(settings: Settings) -> None:
 
 
 def _runner(settings: Settings, start: bool) -> None:
-    from sync import runner
+    from sync.commands import runner
 
     if start:
         runner.start_background(settings)
@@ -134,7 +135,7 @@ def _runner_running(settings: Settings) -> bool:
 
 
 def _barrier(settings: Settings) -> None:
-    from sync import freshness
+    from sync.commands import freshness
 
     freshness.wait(settings, timeout=1800)
 
@@ -189,7 +190,7 @@ def _compaction_under_load(settings: Settings, rate: float, seconds: float, say)
 def _compact(settings: Settings) -> dict:
     """OPTIMIZE the orders mirror while the runner writes it, from a second Spark driver."""
     from projections.mirrors import mirror_path
-    from sync import spark as spark_session
+    from sync.streaming import spark as spark_session
 
     spark = spark_session.session(settings, "lakesync-bench")
     path = str(mirror_path(settings, "orders"))
@@ -206,7 +207,8 @@ def _compact(settings: Settings) -> dict:
 
 def _capture(settings: Settings, events: int, say) -> tuple[dict, dict]:
     """Step 3. Returns the backlog's Kafka ranges and the capture figures."""
-    from sync import demo, freshness
+    from sync import demo
+    from sync.commands import freshness
     from sync.bench.workload import Load
     from sync.config import CONNECTOR_NAME
     from sync.stack.connect import rest, wait_for_state
@@ -243,8 +245,10 @@ def _capture(settings: Settings, events: int, say) -> tuple[dict, dict]:
 def _catch_up(settings: Settings, backlog: dict, say) -> dict:
     """Step 4: per projection, the seconds from the runner's start until its checkpoint
     covers what its inputs held when it started (the views: once their inputs are done)."""
-    from projections import all_projections, views
-    from sync import freshness, progress
+    from projections import all_projections
+    from projections.views import projection as views
+    from sync.commands import freshness
+    from sync.streaming import progress
 
     started = time.monotonic()
     _runner(settings, start=True)
@@ -285,7 +289,7 @@ def _catch_up(settings: Settings, backlog: dict, say) -> dict:
 
 
 def _verify(settings: Settings) -> bool:
-    from sync import verify
+    from sync.commands import verify
 
     reports = verify.verify(settings)
     wrong = [r.name for r in reports if r.differences]
@@ -297,7 +301,7 @@ def _verify(settings: Settings) -> bool:
 def _replay_ranges(settings: Settings) -> dict:
     """The mirrors' topics from offset zero to their end: what steps 5 and 6 replay."""
     from projections import mirrors
-    from sync import freshness
+    from sync.commands import freshness
 
     return {tp: (0, end) for tp, end in freshness.end_offsets(settings, mirrors.TOPIC_PATTERN).items() if end}
 
@@ -305,7 +309,8 @@ def _replay_ranges(settings: Settings) -> dict:
 def _spark_figures(spark, settings: Settings, replay: dict, sizes: list[int], merge_batch: int,
                    workdir: Path, say) -> dict:
     from projections import mirrors
-    from sync import catalog, rebuild
+    from sync.delta import catalog
+    from sync.commands import rebuild
     from sync.bench import ceiling, merge_scaling
 
     top = ceiling.measure(spark, settings, replay)
@@ -327,7 +332,7 @@ def _spark_figures(spark, settings: Settings, replay: dict, sizes: list[int], me
 
 def _peer(settings: Settings, replay: dict, workdir: Path, say) -> dict:
     from sync.bench import peer
-    from sync.freshness import pg_connect
+    from sync.commands.freshness import pg_connect
 
     ranges = {topic: (start, end) for (topic, _), (start, end) in replay.items()}
     result = peer.apply_topics(settings.kafka_bootstrap, ranges, workdir / "peer")
@@ -359,7 +364,7 @@ def _sdp(say) -> dict:
 
 def _freshness(settings: Settings, window: tuple[datetime, datetime], figures: dict, say) -> list[float]:
     """Step 2's figures, read from the tables right after the window (sync/bench/latency.py)."""
-    from sync import spark as spark_session
+    from sync.streaming import spark as spark_session
     from sync.bench import latency, report
 
     spark = spark_session.session(settings, "lakesync-bench")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sync import catalog
+from sync.delta import catalog
 from sync.config import Settings
 from sync.delta.commit import Fence, commit_batch
 from sync.delta.merge import ensure_table
@@ -25,7 +25,7 @@ SCHEMA = ("projection string, `table` string, topic string, `partition` int, `of
 
 
 def path(settings: Settings, projection: str) -> str:
-    """In the projection's generation (sync/catalog.py); generation 0 shares one table."""
+    """In the projection's generation (sync/delta/catalog.py); generation 0 shares one table."""
     return str(catalog.root(settings, projection) / "dead_letters")
 
 

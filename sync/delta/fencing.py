@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sync import catalog
+from sync.delta import catalog
 from sync.config import Settings
 from sync.errors import Fenced
 

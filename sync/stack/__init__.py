@@ -13,7 +13,7 @@ import secrets
 import time
 from typing import Callable
 
-from sync import migrate
+from sync.stack import migrate
 from sync.config import ADMIN_ROLE, ROLES, Settings, read_secrets
 from sync.stack.connect import Connect
 from sync.stack.kafka import Kafka
@@ -66,7 +66,7 @@ def connect_external(settings: Settings, say: Callable[[str], None] = print) -> 
 
 
 def down(settings: Settings, say: Callable[[str], None] = print) -> None:
-    from sync.runner import reap_orphaned_jvm, stop_background  # (sync.runner imports this package)
+    from sync.commands.runner import reap_orphaned_jvm, stop_background  # (sync.runner imports this package)
 
     if stop_background(settings, timeout=60):
         say("  runner               stopped")

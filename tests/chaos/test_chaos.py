@@ -24,8 +24,9 @@ import pytest
 from sqlalchemy import exc, text
 from sqlalchemy.orm import Session
 
-from sync import bank, config
-from sync.runner import start_background
+from sync.demo import bank
+from sync import config
+from sync.commands.runner import start_background
 from sync.stack import Connect, Kafka, Postgres
 from sync.stack.process import pid_alive, read_pid, wait_until
 from tests.e2e.conftest import lakesync

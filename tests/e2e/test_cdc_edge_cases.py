@@ -1,7 +1,7 @@
 """Awkward Postgres data through the whole stack: every value must arrive exactly.
 
 Each test creates its own table, writes to Postgres, passes the barrier and compares
-with Postgres (verify canonicalises values by their Postgres type; see sync/verify.py).
+with Postgres (verify canonicalises values by their Postgres type; see sync/commands/verify.py).
 """
 
 import json

@@ -23,8 +23,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from projections import event_time
-from sync import bank, config
+from projections.event_time import projection as event_time
+from sync.demo import bank
+from sync import config
 from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.e2e
@@ -52,7 +53,7 @@ def show(t: datetime | None) -> str:
 
 
 class Shop:
-    """One transaction per call, through the application's own code (sync/bank.py)."""
+    """One transaction per call, through the application's own code (sync/demo/bank.py)."""
 
     def __init__(self, engine):
         self.engine = engine

@@ -15,11 +15,12 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from projections import ledger
-from sync import bank, config
+from projections.ledger import projection as ledger
+from sync.demo import bank
+from sync import config
 from sync.delta import fencing
 from sync.demo import bank_clients
-from sync.ledger import audit
+from projections.ledger import audit
 from sync.outbox import topic
 from tests.e2e.conftest import lakesync
 

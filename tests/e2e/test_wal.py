@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from sync import capture
+from sync.stack import capture
 from sync.config import SLOT
 
 pytestmark = pytest.mark.e2e

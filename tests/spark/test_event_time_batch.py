@@ -14,9 +14,10 @@ from decimal import Decimal
 
 import pytest
 
-from projections import event_time
+from projections.event_time import projection as event_time
 from projections.changelog import SCHEMA as CHANGELOG_SCHEMA, changelog_path
-from sync import config, progress
+from sync import config
+from sync.streaming import progress
 from sync.delta import fencing
 
 pytestmark = pytest.mark.spark
@@ -174,7 +175,7 @@ def scenario():
 
 def write_sources(spark, settings, events):
     """The ledger and the changelog holding `events`, for the oracle's recomputation at rest."""
-    from projections import ledger
+    from projections.ledger import projection as ledger
 
     names = RECORD.replace("`", "").split(", ")
     rows = [dict(zip([n.split()[0] for n in names], e)) for e in events]

@@ -10,7 +10,7 @@ from datetime import datetime
 
 import pytest
 
-from projections import order_docs
+from projections.views import order_docs
 
 pytestmark = pytest.mark.spark
 

@@ -4,10 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from projections import mirrors, views
-from sync import catalog, config
+from projections import mirrors
+from projections.views import projection as views
+from sync.delta import catalog
+from sync import config
 from sync.errors import LakesyncError
-from sync.rebuild import projection_of
+from sync.commands.rebuild import projection_of
 
 
 @pytest.fixture
@@ -71,7 +73,7 @@ def test_rebuild_refuses_the_changelog_and_unknown_names(name, message):
 
 
 def test_the_progress_line_counts_what_this_run_read_towards_its_goal():
-    from sync.rebuild import _Progress
+    from sync.commands.rebuild import _Progress
 
     goal = {("t", 0): 600, ("t", 1): 400}
     progress = _Progress("mirrors", "offsets", goal, {("t", 0): 100})

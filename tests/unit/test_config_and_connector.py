@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from sync import config
-from sync.spark import artifact
+from sync.streaming.spark import artifact
 from sync.stack.connect import render_connector
 
 

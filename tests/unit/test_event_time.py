@@ -1,4 +1,4 @@
-"""The pure rules of event time (sync/eventtime.py): windows, stamps, lateness, emission,
+"""The pure rules of event time (projections/event_time/rules.py): windows, stamps, lateness, emission,
 sessions and the payment join, on exact inputs."""
 
 import dataclasses
@@ -8,9 +8,10 @@ from decimal import Decimal
 
 import pytest
 
-from sync import config, eventtime
+from sync import config
+from projections.event_time import rules as eventtime
 from sync.errors import LakesyncError
-from sync.eventtime import AFTER_FINAL, CORRECTION, EARLY, FINAL, LATE, ON_TIME
+from projections.event_time.rules import AFTER_FINAL, CORRECTION, EARLY, FINAL, LATE, ON_TIME
 
 T = datetime(2026, 11, 24, 10, 0)
 MIN = timedelta(minutes=1)

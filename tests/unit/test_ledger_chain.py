@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from sync.ledger import audit, chain
+from projections.ledger import audit, chain
 
 
 def entry(account=7, seq=1, amount="12.5", event_id=None):
@@ -102,7 +102,7 @@ def outbox_record(amount="10.25", aggregate_id="7", seq=3, source=True, **payloa
 
 
 def test_a_posting_parses_exactly():
-    from projections.ledger import parse_posting
+    from projections.ledger.projection import parse_posting
 
     parsed = parse_posting(*outbox_record(), "lakesync.events.account", 0, 42)
     assert parsed["amount"] == Decimal("10.25") and parsed["account"] == 7 and parsed["seq"] == 3
@@ -122,7 +122,7 @@ def test_a_posting_parses_exactly():
     ((None, None), "without a value"),
 ])
 def test_a_malformed_posting_says_why(record, why):
-    from projections.ledger import parse_posting
+    from projections.ledger.projection import parse_posting
 
     with pytest.raises(ValueError, match=why):
         parse_posting(*record, "lakesync.events.account", 0, 1)

@@ -2,7 +2,7 @@
 
 from prometheus_client import generate_latest
 
-from sync import metrics
+from sync.streaming import metrics
 
 
 def test_freshness_is_the_age_of_the_newest_sample_reached():

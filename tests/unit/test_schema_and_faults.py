@@ -9,7 +9,7 @@ from pyspark.sql import types as T
 from sync.delta.fencing import Fence, latest_epoch, take
 from sync.delta.schema import widens
 from sync.errors import Fenced
-from sync.runner import _raised
+from sync.commands.runner import _raised
 
 
 @pytest.mark.parametrize("old, new, ok", [

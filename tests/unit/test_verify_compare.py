@@ -4,7 +4,7 @@ import datetime as dt
 from decimal import Decimal
 
 from projections import Target
-from sync.verify import canonical, compare
+from sync.commands.verify import canonical, compare
 
 TARGET = Target(name="mirror.t", kind="mirror", table="/nowhere")
 COLUMNS = ["id", "price", "at", "doc"]

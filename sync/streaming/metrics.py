@@ -12,7 +12,7 @@ Per projection (label `projection`; per table where a projection keeps several):
                                          seconds ago (0 while caught up)
   lakesync_up                            gauge, 1 while the sampler reads lag (0: Kafka unreachable)
 
-Batch figures are recorded by the batch itself (sync/progress.py calls `observe_batch`).
+Batch figures are recorded by the batch itself (sync/streaming/progress.py calls `observe_batch`).
 Lag and freshness come from a sampler thread every SAMPLE_SECONDS, never from a scrape,
 so a scrape is cheap and never waits on Kafka. Freshness is measured, not estimated: each
 sample keeps the input end offsets of its moment, and a projection is as fresh as the
@@ -84,7 +84,7 @@ class Sampler(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        from sync.freshness import input_ends, processed
+        from sync.commands.freshness import input_ends, processed
 
         while not self.stopped.is_set():
             try:

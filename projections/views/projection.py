@@ -2,16 +2,16 @@
 
 Input:  two append-only Delta tables, read as streams and unioned: the bronze changelog
         (projections/changelog.py; the changes of customers, orders, order_items and
-        accounts) and the ledger (projections/ledger.py; new entries). Neither is ever
+        accounts) and the ledger (projections/ledger/projection.py; new entries). Neither is ever
         compacted, so a rebuild from version zero sees every version of every row.
 Key:    per view (see each module): customer id and valid-from position, order id,
         customer id, event id.
 Target: four Delta tables, one module each:
-          customer_history        SCD type 2 of customers (projections/customer_history.py)
+          customer_history        SCD type 2 of customers (projections/views/customer_history.py)
           ledger_enriched         each ledger entry with its customer as of the entry
-                                  (temporal stream-table join, projections/ledger_enriched.py)
-          order_docs              one search-style document per order (projections/order_docs.py)
-          customer_order_summary  per customer: orders, lifetime value (projections/customer_order_summary.py)
+                                  (temporal stream-table join, projections/views/ledger_enriched.py)
+          order_docs              one search-style document per order (projections/views/order_docs.py)
+          customer_order_summary  per customer: orders, lifetime value (projections/views/customer_order_summary.py)
 Apply:  per batch, in order (each step commits on its own, tagged txnAppId
         `views:<view>` / batch id, so a replayed batch changes nothing):
           1. Wait until the mirrors have applied every Kafka record the batch's changelog
@@ -44,16 +44,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from projections import customer_history, customer_order_summary, ledger_enriched, order_docs
+from projections.views import customer_history, customer_order_summary, ledger_enriched, order_docs
 from projections.changelog import changelog_path
 from projections.mirrors import NAME as MIRRORS
-from sync import catalog
+from sync.delta import catalog
 from sync.config import Settings
 from sync.delta.fencing import Fence
 from sync.errors import LakesyncError
-from sync.ledger import ledger_path
-from sync.progress import Progress, Steps
-from sync.stream import at_or_after, run_batches, start_offsets
+from projections.ledger import ledger_path
+from sync.streaming.progress import Progress, Steps
+from sync.streaming.stream import at_or_after, run_batches, start_offsets
 
 NAME = "views"
 KIND = "view"
@@ -98,7 +98,7 @@ def check(settings: Settings, spark: SparkSession, conn, target):
 
 
 def reset(settings: Settings) -> None:
-    """After a resnapshot (sync/resnapshot.py): drop the views, their checkpoint and the
+    """After a resnapshot (sync/commands/resnapshot.py): drop the views, their checkpoint and the
     search index; started again, they rebuild from the new snapshot on. A snapshot read
     has no commit position that orders it after the changes before the gap, so the views
     cannot be carried across it: the customer history restarts at the snapshot (the
@@ -168,7 +168,7 @@ class ViewsBatch:
         self.progress.record(batch_id, applied, started, step_seconds=steps.seconds)
 
     def _wait_for_mirrors(self, needed: dict[tuple[str, int], int]) -> None:
-        from sync.freshness import processed_offsets
+        from sync.commands.freshness import processed_offsets
 
         deadline = time.monotonic() + MIRROR_WAIT_SECONDS
         checkpoint = catalog.checkpoint(self.settings, MIRRORS)

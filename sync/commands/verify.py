@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 from projections import Target, all_projections
 from sync.config import Settings
-from sync.freshness import pg_connect
+from sync.commands.freshness import pg_connect
 
 SAMPLE = 10
 NULL = "\u2205"
@@ -165,7 +165,7 @@ def compare(target: Target, source_rows: Iterable[tuple], target_rows: Iterable[
 def verify(settings: Settings, spark=None, only: set[str] | None = None) -> list[Report]:
     """Compare every target (or those named in `only`) with its oracle. A Spark session
     is started unless one is given (tests share theirs)."""
-    from sync import spark as spark_session
+    from sync.streaming import spark as spark_session
 
     from psycopg.types.string import TextLoader
 

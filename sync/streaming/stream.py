@@ -1,6 +1,6 @@
 """What every Kafka-fed projection's streaming query shares: how it reads, how it runs.
 
-Each projection is one query with its own checkpoint (sync/catalog.py: <lake>/_checkpoints/<name> at first) and a
+Each projection is one query with its own checkpoint (sync/delta/catalog.py: <lake>/_checkpoints/<name> at first) and a
 foreachBatch function that commits idempotently (sync/delta/commit.py).
 """
 
@@ -15,7 +15,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from sync import catalog
+from sync.delta import catalog
 from sync.config import Settings
 
 
@@ -43,7 +43,7 @@ def run_batches(records: DataFrame, name: str, apply: Callable[[DataFrame, int],
     return writer.start()
 
 
-# -- after a resnapshot (sync/resnapshot.py), state projections start at the new snapshot --
+# -- after a resnapshot (sync/commands/resnapshot.py), state projections start at the new snapshot --
 
 def _resnapshot_file(settings: Settings):
     return settings.lake / "_resnapshot.json"

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from projections import all_projections
-from sync import metrics, spark as spark_session
+from sync.streaming import metrics, spark as spark_session
 from sync.config import ROOT, Settings
 from sync.delta import fencing
 from sync.errors import Fenced, LakesyncError, ServiceUnavailable

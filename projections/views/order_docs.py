@@ -3,7 +3,7 @@
 A table-table join of orders, customers and order_items, kept current incrementally: a
 change on any side recomputes the documents of the orders it touches, and only those.
 
-Input:  the batch's changes of orders, order_items and customers (via projections/views.py);
+Input:  the batch's changes of orders, order_items and customers (via projections/views/projection.py);
         the current rows from the mirrors, which have applied the batch (views step 1).
 Key:    order_id.
 Target: <lake>/order_docs: the order's fields, its customer embedded (a struct), its lines
@@ -35,7 +35,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from projections import Target
-from sync import catalog
+from sync.delta import catalog
 from sync import search
 from sync.config import Settings
 from sync.delta.commit import commit_batch
@@ -241,7 +241,7 @@ def push(url: str, docs: DataFrame) -> dict:
 
 def check_index(settings: Settings, conn, target: Target):
     """verify's comparison for the search index: every live document against DOCS_SQL."""
-    from sync.verify import _oracle_columns, compare
+    from sync.commands.verify import _oracle_columns, compare
 
     columns, types = _oracle_columns(conn, DOCS_SQL)
     expected = conn.execute(DOCS_SQL).fetchall()

@@ -16,7 +16,7 @@ the mirrors are rebuilt from a new consistent snapshot. Steps of `resnapshot`, i
      is the snapshot and what follows it. The changelog keeps its history (with the
      gap, which no one can fill); its check in `verify` starts at the same offsets.
      The views, the search index and the event-time tables are reset too and rebuild
-     from the same offsets (`reset` in projections/views.py and event_time.py).
+     from the same offsets (`reset` in projections/views/projection.py and event_time.py).
   7. Wait until the connector streams again.
 """
 
@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import shutil
 
-from projections import event_time, mirrors, views
-from sync import catalog
+from projections.event_time import projection as event_time
+from projections import mirrors
+from projections.views import projection as views
+from sync.delta import catalog
 from sync.config import CONNECTOR_NAME, SLOT, Settings
-from sync.freshness import end_offsets, pg_connect
-from sync.runner import stop_background
+from sync.commands.freshness import end_offsets, pg_connect
+from sync.commands.runner import stop_background
 from sync.stack.connect import Connect, rest, wait_for_state
-from sync.stream import note_start_offsets
+from sync.streaming.stream import note_start_offsets
 
 
 def resnapshot(settings: Settings, say=print) -> None:

@@ -2,7 +2,7 @@
 zero beside the live ones, proved equal to them, and switched in for every reader at once.
 
 The steps, in order (for several projections, side by side in one Spark session):
-  1. Build. A new generation of the projection (sync/catalog.py) is written by the code
+  1. Build. A new generation of the projection (sync/delta/catalog.py) is written by the code
      the runner runs, in this process' own Spark session, from the earliest Kafka offsets
      (the views: from the first version of the changelog and the ledger, the bronze
      record that still holds every version compaction removed from Kafka), with
@@ -15,7 +15,7 @@ The steps, in order (for several projections, side by side in one Spark session)
        a. pause the connector: no record reaches Kafka; Postgres keeps taking writes,
           which wait in the replication slot;
        b. wait until the live runner has applied everything Kafka holds (the barrier's
-          steps 4 to 6, sync/freshness.py);
+          steps 4 to 6, sync/commands/freshness.py);
        c. bring the new generation to the same position (one more availableNow run);
        d. compare every table both ways, every column but `_applied_at` (when our job
           ran): equal, or the keys that differ;
@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from projections import all_projections
-from sync import catalog, freshness, spark as spark_session
+from sync.delta import catalog
+from sync.commands import freshness
+from sync.streaming import spark as spark_session
 from sync.config import CONNECTOR_NAME, Settings
 from sync.delta import fencing
 from sync.errors import LakesyncError
@@ -86,7 +88,7 @@ def projection_of(name: str):
 def rebuild(settings: Settings, names: list[str], verify: bool, swap: bool, say=print) -> list[Comparison]:
     """Rebuild the projections `names` name, side by side in one Spark session (one pause
     of capture for all of them when verifying, one runner restart when swapping)."""
-    from projections import ledger
+    from projections.ledger import projection as ledger
 
     wanted = {projection_of(name) for name in names}
     projections = [p for p in all_projections() if p in wanted]  # the runner's order: views last
@@ -213,7 +215,7 @@ def compare(spark, live, rebuilt) -> Comparison:
 
 def _swap(settings: Settings, builds: list[Build], say) -> None:
     """Steps 3b to 3e."""
-    from sync.runner import start_background, stop_background
+    from sync.commands.runner import start_background, stop_background
 
     was_running = stop_background(settings)
     if was_running:

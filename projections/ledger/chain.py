@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from decimal import Decimal
 from typing import Iterable, Iterator
 
-from sync.ledger import SCALE
+from projections.ledger import SCALE
 
 GENESIS = "0" * 64
 

@@ -33,7 +33,7 @@ from urllib.parse import unquote
 
 from sync.errors import LakesyncError
 from sync.config import Settings
-from sync.ledger import balances_path, chain, ledger_path
+from projections.ledger import balances_path, chain, ledger_path
 
 
 class NotALedger(LakesyncError):

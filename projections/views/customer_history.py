@@ -1,6 +1,6 @@
 """Customer history: SCD type 2, one row per version of each customer.
 
-Input:  the customers' change events in the bronze changelog (via projections/views.py),
+Input:  the customers' change events in the bronze changelog (via projections/views/projection.py),
         never Kafka: a compacted topic has dropped a key's older versions, the changelog
         has them all.
 Key:    (id, valid_from_commit_lsn, valid_from_lsn): a version starts at the source
@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from projections import Target
-from sync import catalog
+from sync.delta import catalog
 from sync.config import Settings
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence

@@ -4,7 +4,7 @@ A slot dropped, or invalidated by Postgres (max_slot_wal_keep_size), while the
 connector was down means changes were lost for good. Debezium 3.x refuses to resume
 past such a gap (its task fails: "...no longer available on the server"); Lakesync
 reports it in `status` and fails `wait` at once, naming the cause, and never resumes
-silently. The recovery is a fresh snapshot: `lakesync resnapshot` (sync/resnapshot.py).
+silently. The recovery is a fresh snapshot: `lakesync resnapshot` (sync/commands/resnapshot.py).
 """
 
 from __future__ import annotations

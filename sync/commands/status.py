@@ -6,10 +6,11 @@ import datetime as dt
 from typing import Any
 
 from projections import all_projections
-from sync import capture, progress
+from sync.stack import capture
+from sync.streaming import progress
 from sync.config import Settings, safe_dsn
 from sync.errors import LakesyncError
-from sync.freshness import lags, pg_connect
+from sync.commands.freshness import lags, pg_connect
 from sync.stack.connect import connector_status
 from sync.stack.kafka import kafka_ready
 from sync.stack.process import read_pid

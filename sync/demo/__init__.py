@@ -17,9 +17,10 @@ import psycopg
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from sync import bank, config, stack
+from sync.demo import bank
+from sync import config, stack
 from sync.config import ROLES, Settings
-from sync.runner import start_background
+from sync.commands.runner import start_background
 
 TIERS = ["bronze", "silver", "gold", "platinum"]
 STATUSES = ["placed", "paid", "shipped", "delivered", "cancelled"]
@@ -166,8 +167,8 @@ def show_views(settings: Settings) -> None:
     """One order document and one customer summary row, as a Delta reader sees them."""
     import json
 
-    from projections import customer_order_summary, order_docs
-    from sync import spark as spark_session
+    from projections.views import customer_order_summary, order_docs
+    from sync.streaming import spark as spark_session
 
     spark = spark_session.session(settings, "lakesync-verify")  # verify's session, still open
     doc = (spark.read.format("delta").load(order_docs.path(settings))
@@ -183,8 +184,8 @@ def show_views(settings: Settings) -> None:
 
 
 def main(settings: Settings) -> int:
-    from sync import freshness, verify
-    from sync.ledger import audit, balances_path, ledger_path
+    from sync.commands import freshness, verify
+    from projections.ledger import audit, balances_path, ledger_path
 
     print(f"1/6 starting the embedded stack in {settings.home}")
     stack.up(settings)

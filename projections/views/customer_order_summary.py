@@ -7,7 +7,7 @@ Input:  the batch's customer changes, and the customers whose orders' documents 
 Key:    customer_id.
 Target: <lake>/customer_order_summary.
 Apply:  recompute the affected customers from the customers mirror and the documents of
-        their orders as this batch leaves them (projections/order_docs.py `prepare`), then
+        their orders as this batch leaves them (projections/views/order_docs.py `prepare`), then
         one MERGE: update or insert them, delete the ones no longer in Postgres.
 Oracle: SUMMARY_SQL on Postgres.
 """
@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from projections import Target
-from sync import catalog
+from sync.delta import catalog
 from sync.config import Settings
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence

@@ -1,7 +1,7 @@
 """The ledger: every posting event of the bank, appended once, hash-chained per account.
 
 Input:  lakesync.events.account, the outbox router's topic for aggregate type `account`
-        (sync/outbox.py, sync/bank.py): one event per posting, keyed by account, with a
+        (sync/outbox.py, sync/demo/bank.py): one event per posting, keyed by account, with a
         per-account sequence number assigned in the application's transaction. The
         topic is never compacted nor deleted by time, so a rebuild reads all of it.
 Key:    the event id. Redelivered events (a Connect crash, a replayed batch) carry the
@@ -10,7 +10,7 @@ Target: <lake>/ledger, append-only (`delta.appendOnly=true`: Delta itself refuse
         UPDATE and DELETE), one row per posting: amount as decimal(20,4), event time
         (when it happened, from the event), recorded time (its Postgres commit), the
         provenance (topic, partition, offset, commit LSN, LSN, txid) and the chain:
-        hash = SHA-256(previous hash || canonical entry) (sync/ledger/chain.py).
+        hash = SHA-256(previous hash || canonical entry) (projections/ledger/chain.py).
         Corrections are new, compensating postings; nothing is ever rewritten.
         <lake>/ledger_balances: one row per account, the sum of its postings.
 Apply:  per batch, on the driver (a batch of postings is small; the chain is sequential
@@ -51,10 +51,10 @@ from sync.delta import deadletters
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table
-from sync.ledger import AGGREGATE, MAX_AMOUNT, SCALE, balances_path, chain, ledger_path
+from projections.ledger import AGGREGATE, MAX_AMOUNT, SCALE, balances_path, chain, ledger_path
 from sync.outbox import topic
-from sync.progress import Progress
-from sync.stream import read_topics, run_batches
+from sync.streaming.progress import Progress
+from sync.streaming.stream import read_topics, run_batches
 
 NAME = "ledger"
 KIND = "ledger"
@@ -297,8 +297,8 @@ def read_heads(spark: SparkSession, path: str) -> dict[int, tuple[int, str, str]
 def check(settings: Settings, spark: SparkSession, conn, target: Target):
     """verify's comparison for the ledger: each account's entry count against Postgres'
     outbox_sequence, every chain recomputed, and every operation summing to zero."""
-    from sync.ledger import audit
-    from sync.verify import compare
+    from projections.ledger import audit
+    from sync.commands.verify import compare
 
     expected = conn.execute("SELECT aggregate_id::bigint, last_seq FROM outbox_sequence "
                             "WHERE aggregate_type = %s AND aggregate_id ~ '^-?[0-9]{1,18}$'", (AGGREGATE,)).fetchall()

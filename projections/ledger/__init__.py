@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from sync import catalog
+from sync.delta import catalog
 from sync.config import Settings
 
 AGGREGATE = "account"                # the outbox aggregate type whose events are postings

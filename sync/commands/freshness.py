@@ -30,7 +30,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from projections import all_projections
-from sync import capture, catalog
+from sync.stack import capture
+from sync.delta import catalog
 from sync.config import CONNECTOR_NAME, HEARTBEAT_TABLE, Settings
 from sync.errors import NotFresh, ServiceUnavailable
 from sync.stack.connect import rest

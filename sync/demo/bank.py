@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from sync.config import sqlalchemy_url
-from sync.ledger import AGGREGATE, MAX_AMOUNT, SCALE
+from projections.ledger import AGGREGATE, MAX_AMOUNT, SCALE
 from sync.outbox import emit
 
 HOUSE = {"EUR": -1, "USD": -2}  # the bank's own cash account per currency

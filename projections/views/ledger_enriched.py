@@ -2,12 +2,12 @@
 
 A temporal stream-table join. The entry's source position (the commit and change LSN of
 its outbox row) picks the customer's version whose [valid-from, valid-to) holds it, in
-the customer history (projections/customer_history.py). A join with the customers as
+the customer history (projections/views/customer_history.py). A join with the customers as
 they are when the batch runs would be wrong whenever a customer changed between the
 event's commit and its processing, and a rebuild would then differ from the live table.
 
 Input:  the ledger's new entries and the batch's customer versions and account changes
-        (via projections/views.py).
+        (via projections/views/projection.py).
 Key:    event_id.
 Target: <lake>/ledger_enriched: the entry's identity, amount and position, the account's
         customer, the customer's name and tier at that position, and the version used.
@@ -31,13 +31,14 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from projections import Target, customer_history
-from sync import catalog
+from projections import Target
+from projections.views import customer_history
+from sync.delta import catalog
 from sync.config import Settings
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table, merge_metrics
-from sync.ledger import ledger_path
+from projections.ledger import ledger_path
 
 NAME = "ledger_enriched"
 ENTRY = ["event_id", "account", "seq", "amount", "currency", "event_type", "event_time", "_commit_lsn", "_lsn"]
@@ -127,7 +128,7 @@ def apply(context) -> int:
 def check(settings: Settings, spark: SparkSession, conn, target: Target):
     """Streaming equals batch: the whole join recomputed at rest, compared row by row."""
     from projections.mirrors import mirror_path
-    from sync.verify import compare
+    from sync.commands.verify import compare
 
     def load(location) -> DataFrame | None:
         return (spark.read.format("delta").load(str(location))

@@ -8,7 +8,7 @@ Input:  two append-only Delta tables, read as streams and unioned: the ledger (p
 Key:    per table, below.
 Target: under <lake>/event_time (one catalog generation, rebuilt and swapped whole):
           inputs             every accepted event once, stamped with its watermark_before
-                             (sync/eventtime.py): the deterministic core, append-only
+                             (projections/event_time/rules.py): the deterministic core, append-only
           account_hourly     tumbling 1-hour windows per account: entries, net, volume
           account_sliding    10-minute windows every 5 minutes per account
           customer_sessions  sessions of a customer's postings, 30-minute gap
@@ -57,16 +57,17 @@ from pyspark.sql.streaming import StreamingQuery
 
 from projections import Target
 from projections.changelog import changelog_path
-from sync import catalog, eventtime
+from sync.delta import catalog
+from projections.event_time import rules as eventtime
 from sync.config import Settings
 from sync.delta import deadletters
 from sync.delta.commit import commit_batch
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table, merge_metrics, table_properties
 from sync.errors import LakesyncError
-from sync.ledger import ledger_path
-from sync.progress import Progress, Steps
-from sync.stream import at_or_after, run_batches, start_offsets
+from projections.ledger import ledger_path
+from sync.streaming.progress import Progress, Steps
+from sync.streaming.stream import at_or_after, run_batches, start_offsets
 
 NAME = "event_time"
 KIND = "event time"
@@ -115,7 +116,7 @@ SESSIONS = View("customer_sessions", "window.customer_sessions", "session", SESS
 ORDERS = View("order_payments", "join.order_payments", "join", ORDER_PAYMENTS_SCHEMA, ["order_id"], "pay_by")
 LATE = View("late_events", "late.event_time", "late", LATE_SCHEMA, ["view", "event_id", "window_start"])
 VIEWS = [INPUTS, HOURLY, SLIDING, SESSIONS, ORDERS, LATE]
-# What `status` reads per target (sync/status.py keys a target's state by its name after the first dot).
+# What `status` reads per target (sync/commands/status.py keys a target's state by its name after the first dot).
 STATE_KEY = {v.table: v.target.split(".", 1)[-1] for v in VIEWS}
 SETTING_PROPERTIES = ("watermark_delay_seconds", "allowed_lateness_seconds")
 
@@ -168,7 +169,7 @@ def lag_of(target, lag_by_input: dict[str, int]) -> int:
 
 
 def reset(settings: Settings) -> None:
-    """After a resnapshot (sync/resnapshot.py), as the views: the tables and checkpoint
+    """After a resnapshot (sync/commands/resnapshot.py), as the views: the tables and checkpoint
     go, and the projection restarts from the snapshot's offsets (orders before it come
     back as snapshot rows, with commit LSN 0, so first in commit order)."""
     import shutil
@@ -198,7 +199,7 @@ def position_of(row) -> tuple:
 
 def _utc(value: str) -> datetime:
     """An ISO-8601 instant (Debezium's ZonedTimestamp) as a naive UTC datetime, as Spark
-    gives timestamps back in this UTC process (sync/spark.py)."""
+    gives timestamps back in this UTC process (sync/streaming/spark.py)."""
     return datetime.fromisoformat(value).astimezone(timezone.utc).replace(tzinfo=None)
 
 
@@ -348,7 +349,7 @@ class EventTimeBatch:
 
     def _max_before(self, stream: str, position: tuple) -> datetime | None:
         """The greatest stored event time of `stream` before `position` (for an event that
-        arrived after a later one: see sync/eventtime.stamp)."""
+        arrived after a later one: see projections/event_time/rules.stamp)."""
         before = None
         for n in reversed(range(len(POSITION))):  # lexicographic, last part first
             column, value = F.coalesce(F.col(POSITION[n]), F.lit(MISSING[n])), F.lit(position[n])
@@ -498,7 +499,7 @@ class EventTimeBatch:
 
 def check(settings: Settings, spark: SparkSession, conn, target: Target):
     """Streaming equals batch: the table `target` names against its recomputation."""
-    from sync.verify import compare
+    from sync.commands.verify import compare
 
     view = next(v for v in VIEWS if v.target == target.name)
     types = {"bigint": "bigint", "int": "integer", "string": "text", "timestamp": "timestamp without time zone"}
@@ -521,7 +522,7 @@ SLIDING_SHAPE = (_spark(eventtime.SLIDE_SIZE), _spark(eventtime.SLIDE_STEP))
 
 
 class Expected:
-    """The batch definitions, written apart from the streaming path (sync/eventtime.py):
+    """The batch definitions, written apart from the streaming path (projections/event_time/rules.py):
     stamps by a window function over commit order, windows by Spark's `window` and
     `session_window`, the join as SQL. Only a session's `corrections` (a replay in
     arrival order) reuses the pure function."""

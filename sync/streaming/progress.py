@@ -1,5 +1,5 @@
 """Per-projection progress the runner leaves for `status`: last batch, rows applied
-(and gives to the runner's metrics, sync/metrics.py).
+(and gives to the runner's metrics, sync/streaming/metrics.py).
 
 One small JSON file per projection under <lake>/_progress, replaced atomically after
 each batch's commits, so a reader never sees half of it.
@@ -12,7 +12,8 @@ import os
 import time
 from typing import Any
 
-from sync import catalog, metrics
+from sync.delta import catalog
+from sync.streaming import metrics
 from sync.config import Settings
 
 
