@@ -19,21 +19,22 @@ Oracle: no Postgres query gives history; `check` proves the changelog complete a
 
 from __future__ import annotations
 
-import time
-
+from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from projections import Target
-from projections.mirrors import TOPIC_PATTERN
-from sync.delta import catalog
+from projections.mirrors import TOPICS
 from sync.cdc.ordering import position_columns
-from sync.config import Settings
-from sync.delta.commit import commit_batch
+from sync.compare import Report, compare
+from sync.config import CAPTURED_SCHEMA, Settings
+from sync.delta import catalog
+from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table
-from sync.streaming.progress import Progress
+from sync.projection import KafkaTopics, Projection, Target
+from sync.streaming.batch import Batch
+from sync.streaming.progress import Outcome, Steps
 from sync.streaming.stream import at_or_after, read_topics, run_batches, start_offsets
 
 NAME = "changelog"
@@ -46,26 +47,6 @@ PROPERTIES = {"delta.appendOnly": "true"}
 
 def changelog_path(settings: Settings) -> str:
     return str(catalog.root(settings, NAME) / "changelog")
-
-
-def targets(settings: Settings) -> list[Target]:
-    return [Target(name=NAME, kind=KIND, table=changelog_path(settings), keys=["_topic", "_partition", "_offset"],
-                   source=TOPIC_PATTERN)]
-
-
-def verify_targets(settings: Settings, conn) -> list[Target]:
-    return targets(settings)
-
-
-def lag_of(target: Target, lag_by_topic: dict[str, int]) -> int:
-    return sum(lag_by_topic.values())
-
-
-def start(spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
-    # Created before the first record arrives: the views stream from this table.
-    ensure_table(spark, changelog_path(settings), SCHEMA, {**PROPERTIES, **fence.properties})
-    records = read_topics(spark, settings, TOPIC_PATTERN)
-    return run_batches(records, NAME, ChangelogBatch(settings, fence), settings, once)
 
 
 def as_changelog(records: DataFrame) -> DataFrame:
@@ -91,75 +72,81 @@ def as_changelog(records: DataFrame) -> DataFrame:
     )
 
 
-class ChangelogBatch:
+class ChangelogBatch(Batch):
     def __init__(self, settings: Settings, fence: Fence):
-        self.settings = settings
-        self.fence = fence
-        self.progress = Progress(settings, NAME)
-        self.created = False
+        super().__init__(NAME, settings, fence)
 
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        spark = batch.sparkSession
-        started = time.time()
+    def open(self, spark: SparkSession) -> None:
+        ensure_table(spark, changelog_path(self.settings), SCHEMA, {**PROPERTIES, **self.fence.properties})
+
+    def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome:
         path = changelog_path(self.settings)
-        if not self.created:
-            ensure_table(spark, path, SCHEMA, {**PROPERTIES, **self.fence.properties})
-            self.created = True
         rows = as_changelog(batch)
         metrics = {}
 
         def append() -> None:
             rows.write.format("delta").mode("append").save(path)
-            metrics["rows"] = _rows_written(spark, path)
+            metrics["rows"] = _rows_written(commit.spark, path)
 
-        commit_batch(spark, NAME, batch_id, append, self.fence, self.settings.fault)
-        self.progress.record(batch_id, {NAME: metrics.get("rows", 0)}, started)
+        commit(append)
+        return Outcome(applied={NAME: metrics.get("rows", 0)})
 
 
 def _rows_written(spark: SparkSession, path: str) -> int:
     """Rows the last commit added, from Delta's own metrics (no second pass over the batch)."""
-    from delta.tables import DeltaTable
-
     last = DeltaTable.forPath(spark, path).history(1).first()
     metrics = (last["operationMetrics"] or {}) if last is not None else {}
     return int(metrics.get("numOutputRows", 0))
 
 
-def check(settings: Settings, spark: SparkSession, conn, target: Target):
-    """verify's comparison for the changelog (see Oracle above)."""
-    from delta.tables import DeltaTable
+class Changelog(Projection):
+    name = NAME
+    kind = KIND
 
-    from sync.commands.verify import compare
+    def source(self, settings: Settings) -> KafkaTopics:
+        return TOPICS
 
-    source = _postgres_keys(conn)
-    if not DeltaTable.isDeltaTable(spark, target.table):
-        return compare(target, source, [], ["table", "key"], ["text", "jsonb"], ["table", "key"])
-    # After a resnapshot the log has a gap no one can fill: check from the new snapshot on.
-    log = (spark.read.format("delta").load(target.table)
-           .where(at_or_after(start_offsets(settings), "_topic", "_partition", "_offset")))
-    position = F.struct("_commit_lsn", "_lsn", "_offset")
-    truncated = (log.where("_op = 't'").groupBy("table")
-                 .agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("truncated")))
-    latest = (log.where(F.col("_op").isin("c", "u", "r", "d")).groupBy("table", "key")
-              .agg(F.max_by(F.struct("_op", "_commit_lsn", "_lsn"), position).alias("last")))
-    live = (latest.join(truncated, "table", "left")
-            .where((F.col("last._op") != "d") & (F.col("truncated").isNull() | (
-                F.struct("last._commit_lsn", "last._lsn") > F.col("truncated"))))
-            .where(F.col("table").isin(sorted({table for table, _ in source}) or [""]))
-            .select("table", "key"))
-    report = compare(target, source, (tuple(r) for r in live.toLocalIterator()),
-                     ["table", "key"], ["text", "jsonb"], ["table", "key"])
-    repeated = log.groupBy("_topic", "_partition", "_offset").count().where("count > 1").count()
-    if repeated:
-        report.differences += repeated
-        report.error = f"{repeated} Kafka positions appear more than once"
-    return report
+    def targets(self, settings: Settings) -> list[Target]:
+        return [Target(name=NAME, kind=KIND, table=changelog_path(settings), keys=["_topic", "_partition", "_offset"],
+                       source=TOPICS.pattern)]
+
+    def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
+        # Created before the first record arrives: the views stream from this table.
+        ensure_table(spark, changelog_path(settings), SCHEMA, {**PROPERTIES, **fence.properties})
+        return run_batches(read_topics(spark, settings, TOPICS), NAME, ChangelogBatch(settings, fence), settings, once)
+
+    def check(self, settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
+        """verify's comparison for the changelog (see Oracle above)."""
+        source = _postgres_keys(conn)
+        if not DeltaTable.isDeltaTable(spark, target.table):
+            return compare(target, source, [], ["table", "key"], ["text", "jsonb"], ["table", "key"])
+        # After a resnapshot the log has a gap no one can fill: check from the new snapshot on.
+        log = (spark.read.format("delta").load(target.table)
+               .where(at_or_after(start_offsets(settings), "_topic", "_partition", "_offset")))
+        position = F.struct("_commit_lsn", "_lsn", "_offset")
+        truncated = (log.where("_op = 't'").groupBy("table")
+                     .agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("truncated")))
+        latest = (log.where(F.col("_op").isin("c", "u", "r", "d")).groupBy("table", "key")
+                  .agg(F.max_by(F.struct("_op", "_commit_lsn", "_lsn"), position).alias("last")))
+        live = (latest.join(truncated, "table", "left")
+                .where((F.col("last._op") != "d") & (F.col("truncated").isNull() | (
+                    F.struct("last._commit_lsn", "last._lsn") > F.col("truncated"))))
+                .where(F.col("table").isin(sorted({table for table, _ in source}) or [""]))
+                .select("table", "key"))
+        report = compare(target, source, (tuple(r) for r in live.toLocalIterator()),
+                         ["table", "key"], ["text", "jsonb"], ["table", "key"])
+        repeated = log.groupBy("_topic", "_partition", "_offset").count().where("count > 1").count()
+        if repeated:
+            report.differences += repeated
+            report.error = f"{repeated} Kafka positions appear more than once"
+        return report
+
+
+PROJECTION = Changelog()
 
 
 def _postgres_keys(conn) -> list[tuple[str, str]]:
     """(schema.table, primary key as JSON) of every row of every captured table."""
-    from sync.config import CAPTURED_SCHEMA
-
     tables = conn.execute(
         "SELECT c.relname, array_agg(a.attname ORDER BY k.ord) "
         "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "

@@ -27,25 +27,27 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from projections import Target
 from sync.delta import catalog
 from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes
 from sync.cdc.ordering import parse_sequence
 from sync.cdc.types import ColumnType, key_columns, table_columns
 from sync.config import CAPTURED_SCHEMA, TOPIC_PREFIX, Settings
-from sync.delta import deadletters
-from sync.delta.commit import commit_batch
+from sync.delta.commit import BatchCommit
+from sync.delta.deadletters import DeadLetter, write as write_dead_letters
 from sync.delta.fencing import Fence
 from sync.delta.merge import (TOMBSTONE_COLUMNS, ensure_table, latest_per_key, merge_changes,
                               record_tombstones, still_applicable, table_properties)
 from sync.delta.schema import IncompatibleChange, evolve, finish_backfill
 from sync.fault import crash_point
-from sync.streaming.progress import Progress, Steps
+from sync.projection import KafkaTopics, Projection, Target
+from sync.streaming.batch import Batch
+from sync.streaming.progress import Outcome, Steps
 from sync.streaming.stream import at_or_after, read_topics, run_batches, start_offsets
 
 NAME = "mirrors"
 KIND = "mirror"
 TOPIC_PATTERN = re.escape(f"{TOPIC_PREFIX}.{CAPTURED_SCHEMA}.") + r"[^.]+"
+TOPICS = KafkaTopics(TOPIC_PATTERN)
 KEYS_PROPERTY = "lakesync.keys"
 TRUNCATED_PROPERTY = "lakesync.truncated_at"  # source position of the latest truncate applied
 PROVENANCE_DDL = ("`_commit_lsn` bigint, `_lsn` bigint, `_txid` bigint, `_source_ts` timestamp, "
@@ -65,49 +67,54 @@ def tombstone_path(settings: Settings, table: str) -> Path:
     return catalog.root(settings, NAME) / "tombstones" / table
 
 
-def state_paths(settings: Settings) -> list[Path]:
-    """What the mirrors keep besides their tables (a rebuild's swap retires it too)."""
-    return [catalog.root(settings, NAME) / "tombstones"]
-
-
-def targets(settings: Settings) -> list[Target]:
-    """A target per mirror in the lake (status lists what exists)."""
-    root = catalog.root(settings, NAME) / "mirrors"
-    found = sorted(p.name for p in root.glob("*") if (p / "_delta_log").is_dir()) if root.is_dir() else []
-    return [target(settings, table) for table in found]
-
-
 def target(settings: Settings, table: str) -> Target:
     return Target(name=f"mirror.{table}", kind=KIND, table=str(mirror_path(settings, table)),
                   oracle_sql=f'SELECT * FROM {CAPTURED_SCHEMA}."{table}"',
                   source=f"{CAPTURED_SCHEMA}.{table}")
 
 
-def verify_targets(settings: Settings, conn) -> list[Target]:
-    """Every table of the captured schema in Postgres, and every mirror in the lake."""
-    rows = conn.execute(
-        "SELECT c.relname, array_agg(a.attname ORDER BY k.ord) FILTER (WHERE a.attname IS NOT NULL) "
-        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary "
-        "LEFT JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true "
-        "LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum "
-        "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') GROUP BY c.relname", (CAPTURED_SCHEMA,)).fetchall()
-    keys = {table: list(columns or []) for table, columns in rows}
-    names = sorted(set(keys) | {t.name.split(".", 1)[1] for t in targets(settings)})
-    return [replace(target(settings, table), keys=keys.get(table, [])) for table in names]
+class Mirrors(Projection):
+    name = NAME
+    kind = KIND
+
+    def source(self, settings: Settings) -> KafkaTopics:
+        return TOPICS
+
+    def targets(self, settings: Settings) -> list[Target]:
+        """A target per mirror in the lake (status lists what exists)."""
+        root = catalog.root(settings, NAME) / "mirrors"
+        found = sorted(p.name for p in root.glob("*") if (p / "_delta_log").is_dir()) if root.is_dir() else []
+        return [target(settings, table) for table in found]
+
+    def verify_targets(self, settings: Settings, conn) -> list[Target]:
+        """Every table of the captured schema in Postgres, and every mirror in the lake."""
+        rows = conn.execute(
+            "SELECT c.relname, array_agg(a.attname ORDER BY k.ord) FILTER (WHERE a.attname IS NOT NULL) "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary "
+            "LEFT JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true "
+            "LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum "
+            "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') GROUP BY c.relname", (CAPTURED_SCHEMA,)).fetchall()
+        keys = {table: list(columns or []) for table, columns in rows}
+        names = sorted(set(keys) | {t.name.split(".", 1)[1] for t in self.targets(settings)})
+        return [replace(target(settings, table), keys=keys.get(table, [])) for table in names]
+
+    def lag_of(self, target: Target, lag_by_topic: dict[str, int]) -> int:
+        return lag_by_topic.get(f"{TOPIC_PREFIX}.{target.source}", 0)
+
+    def state_paths(self, settings: Settings) -> list[Path]:
+        """What the mirrors keep besides their tables: the tombstones."""
+        return [catalog.root(settings, NAME) / "tombstones"]
+
+    def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
+        return run_batches(read_topics(spark, settings, TOPICS), NAME, MirrorBatch(settings, fence), settings, once)
 
 
-def lag_of(target: Target, lag_by_topic: dict[str, int]) -> int:
-    return lag_by_topic.get(f"{TOPIC_PREFIX}.{target.source}", 0)
+PROJECTION = Mirrors()
 
 
-def start(spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
-    records = read_topics(spark, settings, TOPIC_PATTERN)
-    return run_batches(records, NAME, MirrorBatch(settings, fence), settings, once)
-
-
-class MirrorBatch:
-    """foreachBatch function: applies one micro-batch to every table it touches.
+class MirrorBatch(Batch):
+    """Applies one micro-batch to every table it touches (sync/streaming/batch.py runs it).
 
     Steps, in order:
       1. Per topic in the batch: the table's columns, key and latest truncate (one job);
@@ -119,21 +126,16 @@ class MirrorBatch:
          Delta write is its own idempotent commit (txnAppId `mirrors:<table>`,
          `mirrors:<table>:tombstones`).
       4. Append what was set aside to the dead letters (txnAppId `mirrors:dead_letters`).
-      5. Record progress for `status`.
-    Spark commits the batch's offsets after this returns; a crash anywhere above replays
-    the whole batch, and every write of the replay is skipped or changes nothing.
+    A crash anywhere replays the whole batch, and every write of the replay is skipped
+    or changes nothing.
     """
 
     def __init__(self, settings: Settings, fence: Fence):
-        self.settings = settings
-        self.fence = fence
-        self.progress = Progress(settings, NAME)
+        super().__init__(NAME, settings, fence)
         self.after_resnapshot = at_or_after(start_offsets(settings))
 
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        spark = batch.sparkSession  # this query's own session (its txn tags stay here)
-        started = time.time()
-        steps = Steps()
+    def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome:
+        spark = commit.spark
         # Read from Kafka once and kept for every pass below. A local checkpoint, not a
         # cache: MERGE refuses a source with cached parts unless it copies the source
         # first (spark.databricks.delta.merge.materializeSource, sync/streaming/spark.py).
@@ -143,26 +145,26 @@ class MirrorBatch:
         steps.done("plan")
         set_aside = _refused(spark, [t for t in tables if t.changes is not None])
         steps.done("refuse")
-        applied, stopped, dead = {}, {}, []
+        outcome = Outcome(applied={})
+        dead: list[DeadLetter] = []
         for number, table in enumerate(tables):
             if number == 1:
                 crash_point("between_tables", self.settings.fault)
             failed = set_aside.get(table.name, [])
             try:
                 if table.error:
-                    failed = _all_records(table.records, table.error)
+                    failed = _all_records(table, table.error)
                 elif table.changes is not None:
-                    applied[table.name] = self._apply_table(spark, table, failed, batch_id, steps)
+                    outcome.applied[table.name] = self._apply_table(commit, table, failed, steps)
             except IncompatibleChange as error:
-                stopped[table.name] = f"mirror stopped: {error}"
-                failed = _all_records(table.records, stopped[table.name])
-            dead.extend((topic, partition, offset, table.name, error) for topic, partition, offset, error in failed)
-        deadletters.write(spark, self.settings, NAME, batch_id, records, dead, self.fence)
+                outcome.stopped[table.name] = f"mirror stopped: {error}"
+                failed = _all_records(table, outcome.stopped[table.name])
+            dead.extend(failed)
+        write_dead_letters(commit, self.settings, records, dead)
         steps.done("dead_letters")
-        dead_by_table: dict[str, int] = {}
-        for *_, table_name, _error in dead:
-            dead_by_table[table_name] = dead_by_table.get(table_name, 0) + 1
-        self.progress.record(batch_id, applied, started, dead_by_table, stopped, step_seconds=steps.seconds)
+        for letter in dead:
+            outcome.dead_letters[letter.table] = outcome.dead_letters.get(letter.table, 0) + 1
+        return outcome
 
     def _tables(self, records: DataFrame) -> list[dict]:
         """Per topic in the batch: latest value and key schema, latest truncate position,
@@ -213,11 +215,11 @@ class MirrorBatch:
         plan.changes = decode_changes(plan.records, plan.columns).localCheckpoint(eager=True)
         return plan
 
-    def _apply_table(self, spark: SparkSession, table: "TablePlan", failed: list[tuple], batch_id: int,
-                     steps: Steps) -> int:
+    def _apply_table(self, commit: BatchCommit, table: "TablePlan", failed: list[DeadLetter], steps: Steps) -> int:
         """Step 3 for one table; returns the rows the MERGE affected. Its parts' seconds
         add up in `steps` over the batch's tables."""
-        self.fence.check()  # schema changes below commit outside commit_batch
+        spark = commit.spark
+        self.fence.check()  # the schema changes below commit outside the batch's commits
         keys = table.keys
         properties = {KEYS_PROPERTY: ",".join(keys), **self.fence.properties}
         target, recorded = evolve(spark, table.path, table.columns, PROVENANCE_DDL, table.records, properties)
@@ -225,7 +227,7 @@ class MirrorBatch:
         steps.done("evolve")
         good = table.changes.where(F.col(ERROR).isNull()).drop(ERROR)
         if failed:
-            refused = spark.createDataFrame([(t, p, o) for t, p, o, _ in failed],
+            refused = spark.createDataFrame([(f.topic, f.partition, f.offset) for f in failed],
                                             "_topic string, _partition int, _offset bigint")
             good = good.join(refused, ["_topic", "_partition", "_offset"], "left_anti")
         tombstones = str(tombstone_path(self.settings, table.name))
@@ -236,16 +238,13 @@ class MirrorBatch:
         latest = latest_per_key(still_applicable(good, keys, truncated_at, known_dead), keys).localCheckpoint()
         steps.done("latest_per_key")
         metrics = {}
-        commit_batch(spark, f"{NAME}:{table.name}", batch_id,
-                     lambda: metrics.update(merge_changes(target, latest, keys, table.truncated_at)),
-                     self.fence, self.settings.fault)
+        commit(lambda: metrics.update(merge_changes(target, latest, keys, table.truncated_at)), table.name)
         steps.done("merge")
         if table.deletes:
             key_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in target.toDF().schema.fields
                                 if f.name in keys or f.name in TOMBSTONE_COLUMNS)
             ensure_table(spark, tombstones, key_ddl, self.fence.properties)
-            commit_batch(spark, f"{NAME}:{table.name}:tombstones", batch_id,
-                         lambda: record_tombstones(tombstones, latest, keys), self.fence, self.settings.fault)
+            commit(lambda: record_tombstones(tombstones, latest, keys), f"{table.name}:tombstones")
         self._sweep_tombstones(spark, table.name)
         finish_backfill(spark, table.path, table.columns, recorded)
         steps.done("tombstones")
@@ -297,7 +296,7 @@ class TablePlan:
     error: str | None = None           # why none of the table's records can apply
 
 
-def _refused(spark: SparkSession, tables: list[TablePlan]) -> dict[str, list[tuple[str, int, int, str]]]:
+def _refused(spark: SparkSession, tables: list[TablePlan]) -> dict[str, list[DeadLetter]]:
     """Per table, the changes that must not be applied, found in one job for the batch:
     undecodable ones, and changes that repeat a source position already taken by a
     different change of the same key (one of them is wrong, and guessing which would
@@ -316,13 +315,14 @@ def _refused(spark: SparkSession, tables: list[TablePlan]) -> dict[str, list[tup
                     .select("r.*", F.lit("repeated source position with different content").alias(ERROR)))
         undecodable = changes.where(F.col(ERROR).isNotNull()).select("_topic", "_partition", "_offset", ERROR)
         found.append(undecodable.unionByName(repeated).withColumn("table", F.lit(table.name)))
-    by_table: dict[str, list[tuple[str, int, int, str]]] = {}
+    by_table: dict[str, list[DeadLetter]] = {}
     if found:
         for row in reduce(DataFrame.unionByName, found).collect():
-            by_table.setdefault(row["table"], []).append((row["_topic"], row["_partition"], row["_offset"], row[ERROR]))
+            by_table.setdefault(row["table"], []).append(
+                DeadLetter(row["_topic"], row["_partition"], row["_offset"], row["table"], row[ERROR]))
     return by_table
 
 
-def _all_records(records: DataFrame, error: str) -> list[tuple[str, int, int, str]]:
-    return [(r["topic"], r["partition"], r["offset"], error)
-            for r in records.select("topic", "partition", "offset").collect()]
+def _all_records(table: TablePlan, error: str) -> list[DeadLetter]:
+    return [DeadLetter(r["topic"], r["partition"], r["offset"], table.name, error)
+            for r in table.records.select("topic", "partition", "offset").collect()]

@@ -3,6 +3,10 @@
 Expected failures (a service down, a port taken, Java missing, a projection behind) are
 LakesyncError subclasses and end as one line on stderr with a non-zero exit; anything
 else is a bug and keeps its traceback.
+
+Each command imports its module when it runs: `--help` and the `ledger` commands need not
+load Spark's and Delta's Python libraries, which the other commands pull in.
+(tests/unit/test_layers.py checks that none of these imports would be a cycle.)
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import json
 import os
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from sync import config
@@ -147,8 +152,6 @@ def cmd_ledger(settings, args) -> int:
 
 
 def _timestamp(text: str):
-    from datetime import datetime, timezone
-
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

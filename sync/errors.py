@@ -29,3 +29,9 @@ class Fenced(LakesyncError):
     """A newer run of the same projection holds a higher epoch: this writer must stop."""
 
     exit_code = 3
+
+
+class RunnerFailed(LakesyncError):
+    """The runner could not start, or one of its queries failed."""
+
+    exit_code = 1

@@ -34,31 +34,33 @@ Oracle: verify recomputes every chain, checks that each operation's postings sum
 from __future__ import annotations
 
 import json
-import time
-from pathlib import Path
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any
 
+from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from projections import Target
+from projections.ledger import AGGREGATE, MAX_AMOUNT, SCALE, audit, balances_path, chain, ledger_path
 from sync.cdc.ordering import parse_sequence
+from sync.compare import Report, compare
 from sync.config import Settings
-from sync.delta import deadletters
-from sync.delta.commit import commit_batch
+from sync.delta.commit import BatchCommit
+from sync.delta.deadletters import DeadLetter, write as write_dead_letters
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table
-from projections.ledger import AGGREGATE, MAX_AMOUNT, SCALE, balances_path, chain, ledger_path
 from sync.outbox import topic
-from sync.streaming.progress import Progress
+from sync.projection import KafkaTopics, Projection, Target
+from sync.streaming.batch import Batch
+from sync.streaming.progress import Outcome, Steps
 from sync.streaming.stream import read_topics, run_batches
 
 NAME = "ledger"
 KIND = "ledger"
-TOPIC_PATTERN = topic(AGGREGATE).replace(".", r"\.")
+TOPICS = KafkaTopics(topic(AGGREGATE).replace(".", r"\."), headers=True)
 SCHEMA = ("event_id string, account bigint, seq bigint, amount decimal(20,4), currency string, "
           "event_type string, operation string, operation_id string, counterparty bigint, corrects string, "
           "event_time timestamp, recorded_at timestamp, `_topic` string, `_partition` int, `_offset` bigint, "
@@ -79,28 +81,6 @@ BALANCES_ORACLE = (
     "FROM accounts a LEFT JOIN outbox_sequence s "
     f"ON s.aggregate_type = '{AGGREGATE}' AND s.aggregate_id = a.id::text "
     "WHERE s.last_seq IS NOT NULL OR a.balance <> 0")
-
-
-def targets(settings: Settings) -> list[Target]:
-    return [Target(name=NAME, kind=KIND, table=ledger_path(settings), keys=["event_id"],
-                   source=topic(AGGREGATE)),
-            Target(name=f"{NAME}.balances", kind="balances", table=balances_path(settings), keys=["account"],
-                   oracle_sql=BALANCES_ORACLE, source="accounts")]
-
-
-def verify_targets(settings: Settings, conn) -> list[Target]:
-    return targets(settings)
-
-
-def lag_of(target: Target, lag_by_topic: dict[str, int]) -> int:
-    return sum(lag_by_topic.values())
-
-
-def start(spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
-    # Created before the first event arrives: the views stream from this table.
-    ensure_table(spark, ledger_path(settings), SCHEMA, {**PROPERTIES, **fence.properties})
-    records = read_topics(spark, settings, TOPIC_PATTERN, headers=True)
-    return run_batches(records, NAME, LedgerBatch(settings, fence), settings, once)
 
 
 # -- step 1: one Kafka record -> one entry (pure; unit-tested) --
@@ -162,34 +142,34 @@ def _bigint(value) -> int:
 
 # -- steps 2-4 --
 
-class LedgerBatch:
+class LedgerBatch(Batch):
     def __init__(self, settings: Settings, fence: Fence):
-        self.settings = settings
-        self.fence = fence
-        self.progress = Progress(settings, NAME)
-        self.heads: dict[int, tuple[int, str, str]] | None = None  # account -> (seq, hash, event_id)
+        super().__init__(NAME, settings, fence)
+        self.heads: dict[int, tuple[int, str, str]] = {}  # account -> (seq, hash, event_id), read by `open`
 
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        spark = batch.sparkSession
-        started = time.time()
+    def open(self, spark: SparkSession) -> None:
+        ledger = ledger_path(self.settings)
+        ensure_table(spark, ledger, SCHEMA, {**PROPERTIES, **self.fence.properties})
+        ensure_table(spark, balances_path(self.settings), BALANCES_SCHEMA,
+                     {**NO_DELETION_VECTORS, **self.fence.properties})
+        self.heads = read_heads(spark, ledger)
+
+    def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome:
+        spark = commit.spark
         ledger, balances = ledger_path(self.settings), balances_path(self.settings)
-        if self.heads is None:
-            ensure_table(spark, ledger, SCHEMA, {**PROPERTIES, **self.fence.properties})
-            ensure_table(spark, balances, BALANCES_SCHEMA, {**NO_DELETION_VECTORS, **self.fence.properties})
-            self.heads = read_heads(spark, ledger)
         records = batch.select("key", "value", "topic", "partition", "offset",
                                F.filter("headers", lambda h: h["key"] == "source")[0]["value"].alias("source"))
         rows = records.orderBy("topic", "partition", "offset").collect()
 
         # 1. parse
-        errors: list[tuple[str, int, int, str, str]] = []
+        errors: list[DeadLetter] = []
         by_account: dict[int, list[dict]] = {}
         seen: set[str] = set()
         for row in rows:
             try:
                 entry = parse_posting(row["value"], row["source"], row["topic"], row["partition"], row["offset"])
             except ValueError as error:
-                errors.append((row["topic"], row["partition"], row["offset"], NAME, str(error)))
+                errors.append(DeadLetter(row["topic"], row["partition"], row["offset"], NAME, str(error)))
                 continue
             if entry["event_id"] not in seen:  # a repeat inside the batch: the first one counts
                 seen.add(entry["event_id"])
@@ -205,9 +185,9 @@ class LedgerBatch:
             fresh = []
             for entry in sorted(entries, key=lambda e: e["seq"]):
                 if (account, entry["seq"]) in placed:  # two events claim one place in this batch
-                    errors.append((entry["_topic"], entry["_partition"], entry["_offset"], NAME,
-                                   f"account {account} entry {entry['seq']} is already event "
-                                   f"{placed[(account, entry['seq'])]}, not {entry['event_id']}"))
+                    errors.append(DeadLetter(entry["_topic"], entry["_partition"], entry["_offset"], NAME,
+                                             f"account {account} entry {entry['seq']} is already event "
+                                             f"{placed[(account, entry['seq'])]}, not {entry['event_id']}"))
                 elif entry["seq"] <= seq:
                     redelivered.append(entry)
                 elif entry["seq"] == seq + 1:
@@ -215,8 +195,9 @@ class LedgerBatch:
                     placed[(account, entry["seq"])] = entry["event_id"]
                     seq += 1
                 else:
-                    errors.append((entry["_topic"], entry["_partition"], entry["_offset"], NAME,
-                                   f"sequence gap: account {account} expected entry {seq + 1}, got {entry['seq']}"))
+                    errors.append(DeadLetter(entry["_topic"], entry["_partition"], entry["_offset"], NAME,
+                                             f"sequence gap: account {account} expected entry {seq + 1}, "
+                                             f"got {entry['seq']}"))
             linked = list(chain.link(fresh, prev_hash))
             if linked:
                 heads[account] = (linked[-1]["seq"], linked[-1]["hash"], linked[-1]["event_id"])
@@ -228,15 +209,14 @@ class LedgerBatch:
         applied_at = datetime.now(timezone.utc)
         if new:
             frame = spark.createDataFrame([{**e, "_applied_at": applied_at} for e in new], SCHEMA)
-            commit_batch(spark, NAME, batch_id, lambda: frame.write.format("delta").mode("append").save(ledger),
-                         self.fence, self.settings.fault)
+            commit(lambda: frame.write.format("delta").mode("append").save(ledger))
         self.heads = heads
         touched = new + recorded
         if touched:
-            self._merge_balances(spark, balances, batch_id, touched, applied_at)
-        dead = deadletters.write(spark, self.settings, NAME, batch_id, batch, errors, self.fence)
-        self.progress.record(batch_id, {NAME: len(new), "balances": len({e["account"] for e in touched})},
-                             started, {NAME: dead} if dead else None)
+            self._merge_balances(commit, balances, touched, applied_at)
+        dead = write_dead_letters(commit, self.settings, batch, errors)
+        return Outcome(applied={NAME: len(new), "balances": len({e["account"] for e in touched})},
+                       dead_letters={NAME: dead} if dead else {})
 
     def _recorded(self, spark: SparkSession, ledger: str, redelivered: list[dict]):
         """Split redelivered events into those the ledger holds (same event id at that
@@ -253,17 +233,15 @@ class LedgerBatch:
             if holder == entry["event_id"]:
                 recorded.append(entry)
             else:
-                conflicts.append((entry["_topic"], entry["_partition"], entry["_offset"], NAME,
-                                  f"account {entry['account']} entry {entry['seq']} is already event {holder}, "
-                                  f"not {entry['event_id']}"))
+                conflicts.append(DeadLetter(entry["_topic"], entry["_partition"], entry["_offset"], NAME,
+                                            f"account {entry['account']} entry {entry['seq']} is already event "
+                                            f"{holder}, not {entry['event_id']}"))
         return recorded, conflicts
 
-    def _merge_balances(self, spark: SparkSession, path: str, batch_id: int, entries: list[dict],
-                        applied_at: datetime) -> None:
+    def _merge_balances(self, commit: BatchCommit, path: str, entries: list[dict], applied_at: datetime) -> None:
         """Add each posting to its account's balance once: the MERGE only takes postings
         above the row's last_seq, so a batch replayed after a crash adds nothing twice."""
-        from delta.tables import DeltaTable
-
+        spark = commit.spark
         accounts = sorted({e["account"] for e in entries})
         updated = {r["account"]: (r["balance"], r["last_seq"]) for r in
                    spark.read.format("delta").load(path).where(F.col("account").isin(accounts)).collect()}
@@ -282,7 +260,7 @@ class LedgerBatch:
              .whenMatchedUpdateAll(condition="s.last_seq > t.last_seq")
              .whenNotMatchedInsertAll().execute())
 
-        commit_batch(spark, f"{NAME}:balances", batch_id, merge, self.fence, self.settings.fault)
+        commit(merge, "balances")
 
 
 def read_heads(spark: SparkSession, path: str) -> dict[int, tuple[int, str, str]]:
@@ -292,27 +270,43 @@ def read_heads(spark: SparkSession, path: str) -> dict[int, tuple[int, str, str]
             spark.read.format("delta").load(path).groupBy("account").agg(last).collect()}
 
 
-# -- verify --
+class Ledger(Projection):
+    name = NAME
+    kind = KIND
 
-def check(settings: Settings, spark: SparkSession, conn, target: Target):
-    """verify's comparison for the ledger: each account's entry count against Postgres'
-    outbox_sequence, every chain recomputed, and every operation summing to zero."""
-    from projections.ledger import audit
-    from sync.commands.verify import compare
+    def source(self, settings: Settings) -> KafkaTopics:
+        return TOPICS
 
-    expected = conn.execute("SELECT aggregate_id::bigint, last_seq FROM outbox_sequence "
-                            "WHERE aggregate_type = %s AND aggregate_id ~ '^-?[0-9]{1,18}$'", (AGGREGATE,)).fetchall()
-    exists = (Path(target.table) / "_delta_log").is_dir()
-    entries = audit.load(target.table) if exists else []
-    counts: dict[int, int] = {}
-    for entry in entries:
-        counts[entry["account"]] = max(counts.get(entry["account"], 0), entry["seq"])
-    report = compare(target, expected, sorted(counts.items()), ["account", "last_seq"], ["bigint", "bigint"],
-                     ["account"])
-    problems = list(chain.check(entries))
-    unbalanced = audit.unbalanced_operations(entries)
-    if problems or unbalanced:
-        report.differences += len(problems) + len(unbalanced)
-        report.error = "; ".join([str(p) for p in problems[:3]] +
-                                 [f"operation {op} sums to {total}, not 0" for op, total in unbalanced[:3]])
-    return report
+    def targets(self, settings: Settings) -> list[Target]:
+        return [Target(name=NAME, kind=KIND, table=ledger_path(settings), keys=["event_id"],
+                       source=topic(AGGREGATE)),
+                Target(name=f"{NAME}.balances", kind="balances", table=balances_path(settings), keys=["account"],
+                       oracle_sql=BALANCES_ORACLE, source="accounts")]
+
+    def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
+        # Created before the first event arrives: the views stream from this table.
+        ensure_table(spark, ledger_path(settings), SCHEMA, {**PROPERTIES, **fence.properties})
+        return run_batches(read_topics(spark, settings, TOPICS), NAME, LedgerBatch(settings, fence), settings, once)
+
+    def check(self, settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
+        """verify's comparison for the ledger: each account's entry count against Postgres'
+        outbox_sequence, every chain recomputed, and every operation summing to zero."""
+        expected = conn.execute("SELECT aggregate_id::bigint, last_seq FROM outbox_sequence "
+                                "WHERE aggregate_type = %s AND aggregate_id ~ '^-?[0-9]{1,18}$'", (AGGREGATE,)).fetchall()
+        exists = (Path(target.table) / "_delta_log").is_dir()
+        entries = audit.load(target.table) if exists else []
+        counts: dict[int, int] = {}
+        for entry in entries:
+            counts[entry["account"]] = max(counts.get(entry["account"], 0), entry["seq"])
+        report = compare(target, expected, sorted(counts.items()), ["account", "last_seq"], ["bigint", "bigint"],
+                         ["account"])
+        problems = list(chain.check(entries))
+        unbalanced = audit.unbalanced_operations(entries)
+        if problems or unbalanced:
+            report.differences += len(problems) + len(unbalanced)
+            report.error = "; ".join([str(p) for p in problems[:3]] +
+                                     [f"operation {op} sums to {total}, not 0" for op, total in unbalanced[:3]])
+        return report
+
+
+PROJECTION = Ledger()

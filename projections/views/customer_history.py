@@ -25,12 +25,12 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from projections import Target
-from sync.delta import catalog
+from projections.views.context import Context
 from sync.config import Settings
-from sync.delta.commit import commit_batch
+from sync.delta import catalog
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table, merge_metrics
+from sync.projection import Target
 
 NAME = "customer_history"
 ATTRIBUTES = "id bigint, name string, email string, tier string, created_at string, updated_at string"
@@ -85,7 +85,7 @@ def close(all_versions: DataFrame) -> DataFrame:
             .drop("_next"))
 
 
-def apply(context) -> int:
+def apply(context: Context) -> int:
     spark = context.spark
     target = path(context.settings)
     new = versions(context.changes_of("customers")).localCheckpoint()
@@ -118,5 +118,5 @@ def apply(context) -> int:
                    .whenNotMatchedInsertAll())
         metrics.update(merge_metrics(builder.execute()))
 
-    commit_batch(spark, f"views:{NAME}", context.batch_id, merge, context.fence, context.settings.fault)
+    context.commit(merge, NAME)
     return int(metrics.get("num_affected_rows", 0))

@@ -18,12 +18,12 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from projections import Target
-from sync.delta import catalog
+from projections.views.context import Context
 from sync.config import Settings
-from sync.delta.commit import commit_batch
+from sync.delta import catalog
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table, merge_metrics
+from sync.projection import Target
 
 NAME = "customer_order_summary"
 SCHEMA = ("customer_id bigint, name string, tier string, order_count bigint, lifetime_value decimal(38,2), "
@@ -53,7 +53,7 @@ def ensure(spark: SparkSession, settings: Settings, fence: Fence) -> None:
     ensure_table(spark, path(settings), SCHEMA, fence.properties)
 
 
-def apply(context) -> int:
+def apply(context: Context) -> int:
     spark = context.spark
     changed = (context.changes_of("customers")
                .select(F.get_json_object("key", "$.id").cast("bigint").alias("customer_id")))
@@ -89,5 +89,5 @@ def apply(context) -> int:
                    .whenNotMatchedInsert(condition="NOT s._gone", values={c: f"s.{c}" for c in columns}))
         metrics.update(merge_metrics(builder.execute()))
 
-    commit_batch(spark, f"views:{NAME}", context.batch_id, merge, context.fence, context.settings.fault)
+    context.commit(merge, NAME)
     return int(metrics.get("num_affected_rows", 0))

@@ -31,14 +31,16 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from projections import Target
+from projections.ledger import ledger_path
+from projections.mirrors import mirror_path
 from projections.views import customer_history
-from sync.delta import catalog
+from projections.views.context import Context
+from sync.compare import Report, compare
 from sync.config import Settings
-from sync.delta.commit import commit_batch
+from sync.delta import catalog
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table, merge_metrics
-from projections.ledger import ledger_path
+from sync.projection import Target
 
 NAME = "ledger_enriched"
 ENTRY = ["event_id", "account", "seq", "amount", "currency", "event_type", "event_time", "_commit_lsn", "_lsn"]
@@ -81,11 +83,11 @@ def at_position(entries: DataFrame, accounts: DataFrame, history: DataFrame) -> 
                          F.col("h.valid_from_lsn").alias("customer_valid_from_lsn"))
 
 
-def _accounts(context) -> DataFrame:
+def _accounts(context: Context) -> DataFrame:
     return context.mirror("accounts", "id bigint, customer_id bigint")
 
 
-def apply(context) -> int:
+def apply(context: Context) -> int:
     spark = context.spark
     ledger = context.view(ledger_path(context.settings))
     accounts = _accounts(context)
@@ -121,15 +123,12 @@ def apply(context) -> int:
                    .whenNotMatchedInsertAll())
         metrics.update(merge_metrics(builder.execute()))
 
-    commit_batch(spark, f"views:{NAME}", context.batch_id, merge, context.fence, context.settings.fault)
+    context.commit(merge, NAME)
     return int(metrics.get("num_affected_rows", 0))
 
 
-def check(settings: Settings, spark: SparkSession, conn, target: Target):
+def check(settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
     """Streaming equals batch: the whole join recomputed at rest, compared row by row."""
-    from projections.mirrors import mirror_path
-    from sync.commands.verify import compare
-
     def load(location) -> DataFrame | None:
         return (spark.read.format("delta").load(str(location))
                 if DeltaTable.isDeltaTable(spark, str(location)) else None)

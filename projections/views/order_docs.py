@@ -34,13 +34,14 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from projections import Target
-from sync.delta import catalog
+from projections.views.context import Context
 from sync import search
+from sync.compare import Report, compare, oracle_columns
 from sync.config import Settings
-from sync.delta.commit import commit_batch
+from sync.delta import catalog
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table, merge_metrics
+from sync.projection import Target
 
 NAME = "order_docs"
 LINE = "struct<line_no:int,product_id:bigint,qty:int,unit_price:decimal(12,2)>"
@@ -102,7 +103,7 @@ def _position(frame: DataFrame) -> DataFrame:
     return frame.select("_commit_lsn", "_lsn")
 
 
-def touched(context, docs: DataFrame, orders: DataFrame) -> DataFrame:
+def touched(context: Context, docs: DataFrame, orders: DataFrame) -> DataFrame:
     """Every order the batch touches, with `changed_at`: the latest change of the order's
     own row or of its lines in the batch (null when only its customer changed).
 
@@ -178,7 +179,7 @@ def documents(affected: DataFrame, orders: DataFrame, customers: DataFrame, item
                     F.current_timestamp().alias("_applied_at")))
 
 
-def prepare(context) -> DataFrame | None:
+def prepare(context: Context) -> DataFrame | None:
     """The batch's documents, recomputed but not yet written. Also leaves, for the
     summaries, every customer an affected order belonged to before or now
     (`orders_changed`) and the documents as they will be (`docs_after`). The summaries
@@ -203,7 +204,7 @@ def prepare(context) -> DataFrame | None:
     return fresh
 
 
-def commit(context, fresh: DataFrame | None) -> int:
+def commit(context: Context, fresh: DataFrame | None) -> int:
     """One MERGE of the prepared documents, then the search index (when configured)."""
     if fresh is None:
         return 0
@@ -216,7 +217,7 @@ def commit(context, fresh: DataFrame | None) -> int:
                    .whenMatchedUpdateAll().whenNotMatchedInsertAll())
         metrics.update(merge_metrics(builder.execute()))
 
-    commit_batch(spark, f"views:{NAME}", context.batch_id, merge, context.fence, context.settings.fault)
+    context.commit(merge, NAME)
     if context.settings.search_url:
         push(context.settings.search_url, fresh)
     return int(metrics.get("num_affected_rows", 0))
@@ -239,11 +240,9 @@ def push(url: str, docs: DataFrame) -> dict:
     return {}
 
 
-def check_index(settings: Settings, conn, target: Target):
+def check_index(settings: Settings, conn, target: Target) -> Report:
     """verify's comparison for the search index: every live document against DOCS_SQL."""
-    from sync.commands.verify import _oracle_columns, compare
-
-    columns, types = _oracle_columns(conn, DOCS_SQL)
+    columns, types = oracle_columns(conn, DOCS_SQL)
     expected = conn.execute(DOCS_SQL).fetchall()
     indexed = []
     for source in search.scan(settings.search_url, INDEX, sort="order_id"):

@@ -38,26 +38,31 @@ Oracle: each view's defining SQL on Postgres (order_docs, customer_order_summary
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from projections.views import customer_history, customer_order_summary, ledger_enriched, order_docs
 from projections.changelog import changelog_path
+from projections.ledger import ledger_path
 from projections.mirrors import NAME as MIRRORS
-from sync.delta import catalog
+from projections.views import customer_history, customer_order_summary, ledger_enriched, order_docs
+from projections.views.context import Context
+from sync import search
+from sync.compare import Report
 from sync.config import Settings
+from sync.delta import catalog
+from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
 from sync.errors import LakesyncError
-from projections.ledger import ledger_path
-from sync.streaming.progress import Progress, Steps
+from sync.projection import DeltaTables, Projection, Target
+from sync.streaming.batch import Batch
+from sync.streaming.offsets import processed_offsets
+from sync.streaming.progress import Outcome, Steps
 from sync.streaming.stream import at_or_after, run_batches, start_offsets
 
 NAME = "views"
 KIND = "view"
-TOPIC_PATTERN = None  # reads Delta tables, not Kafka: see `inputs`
 VIEWS = [customer_history, ledger_enriched, order_docs, customer_order_summary]
 TABLES = ["public.customers", "public.orders", "public.order_items", "public.accounts"]
 MIRROR_WAIT_SECONDS = 600
@@ -67,93 +72,70 @@ class MirrorsBehind(LakesyncError):
     exit_code = 1
 
 
-def inputs(settings: Settings) -> list[str]:
-    """The Delta tables the query streams from, in the order of its sources."""
-    return [changelog_path(settings), ledger_path(settings)]
+class Views(Projection):
+    name = NAME
+    kind = KIND
+
+    def source(self, settings: Settings) -> DeltaTables:
+        """The changelog and the ledger, in the order of the query's sources."""
+        return DeltaTables((changelog_path(settings), ledger_path(settings)))
+
+    def targets(self, settings: Settings) -> list[Target]:
+        return [t for view in VIEWS for t in view.targets(settings)]
+
+    def check(self, settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
+        """verify's comparison for the targets without oracle SQL: the enriched ledger (the
+        join recomputed at rest) and the search index (its documents against DOCS_SQL)."""
+        if target.name == "search.order_docs":
+            return order_docs.check_index(settings, conn, target)
+        return ledger_enriched.check(settings, spark, conn, target)
+
+    def reset(self, settings: Settings) -> None:
+        """After a resnapshot (sync/commands/resnapshot.py) the views rebuild from the new
+        snapshot on, and the search index goes with them. A snapshot read has no commit
+        position that orders it after the changes before the gap, so the views cannot be
+        carried across it: the customer history restarts at the snapshot (the versions
+        before it stay in the changelog), and ledger entries older than the snapshot are
+        enriched with the customer as snapshotted."""
+        if settings.search_url:
+            search.drop_index(settings.search_url, order_docs.INDEX)
+
+    def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
+        changelog, ledger = self.source(settings).paths
+        changes = (spark.readStream.format("delta").load(changelog)
+                   .where(F.col("table").isin(TABLES) & F.col("_op").isin("c", "u", "d", "r"))
+                   .where(at_or_after(start_offsets(settings), "_topic", "_partition", "_offset"))
+                   .select(F.lit("change").alias("kind"), "table", "_op", "key", "after", "_commit_lsn", "_lsn",
+                           "_source_ts", "_topic", "_partition", "_offset"))
+        entries = (spark.readStream.format("delta").load(ledger)
+                   .select(F.lit("entry").alias("kind"), "event_id", "account", "_commit_lsn", "_lsn"))
+        records = changes.unionByName(entries, allowMissingColumns=True)
+        return run_batches(records, NAME, ViewsBatch(settings, fence), settings, once)
 
 
-def ready(settings: Settings) -> bool:
-    """A Delta stream needs its table: the runner starts this query once both exist."""
-    return all((Path(path) / "_delta_log").is_dir() for path in inputs(settings))
+PROJECTION = Views()
 
 
-def targets(settings: Settings):
-    return [t for view in VIEWS for t in view.targets(settings)]
-
-
-def verify_targets(settings: Settings, conn):
-    return targets(settings)
-
-
-def lag_of(target, lag_by_input: dict[str, int]) -> int:
-    return sum(lag_by_input.values())
-
-
-def check(settings: Settings, spark: SparkSession, conn, target):
-    """verify's comparison for the targets without oracle SQL: the enriched ledger (the
-    join recomputed at rest) and the search index (its documents against DOCS_SQL)."""
-    if target.name == "search.order_docs":
-        return order_docs.check_index(settings, conn, target)
-    return ledger_enriched.check(settings, spark, conn, target)
-
-
-def reset(settings: Settings) -> None:
-    """After a resnapshot (sync/commands/resnapshot.py): drop the views, their checkpoint and the
-    search index; started again, they rebuild from the new snapshot on. A snapshot read
-    has no commit position that orders it after the changes before the gap, so the views
-    cannot be carried across it: the customer history restarts at the snapshot (the
-    versions before it stay in the changelog), and ledger entries older than the snapshot
-    are enriched with the customer as snapshotted."""
-    import shutil
-
-    for location in [catalog.checkpoint(settings, NAME), *(Path(t.table) for t in targets(settings) if t.delta)]:
-        shutil.rmtree(location, ignore_errors=True)
-    catalog.progress_file(settings, NAME).unlink(missing_ok=True)
-    if settings.search_url:
-        from sync import search
-
-        search.drop_index(settings.search_url, order_docs.INDEX)
-
-
-def start(spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
-    changelog, ledger = inputs(settings)
-    changes = (spark.readStream.format("delta").load(changelog)
-               .where(F.col("table").isin(TABLES) & F.col("_op").isin("c", "u", "d", "r"))
-               .where(at_or_after(start_offsets(settings), "_topic", "_partition", "_offset"))
-               .select(F.lit("change").alias("kind"), "table", "_op", "key", "after", "_commit_lsn", "_lsn",
-                       "_source_ts", "_topic", "_partition", "_offset"))
-    entries = (spark.readStream.format("delta").load(ledger)
-               .select(F.lit("entry").alias("kind"), "event_id", "account", "_commit_lsn", "_lsn"))
-    records = changes.unionByName(entries, allowMissingColumns=True)
-    return run_batches(records, NAME, ViewsBatch(settings, fence), settings, once)
-
-
-class ViewsBatch:
-    """foreachBatch function: the steps of the module docstring, in order."""
+class ViewsBatch(Batch):
+    """The steps of the module docstring, in order."""
 
     def __init__(self, settings: Settings, fence: Fence):
-        self.settings = settings
-        self.fence = fence
-        self.progress = Progress(settings, NAME)
-        self.created = False
+        super().__init__(NAME, settings, fence)
 
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        spark = batch.sparkSession
-        started = time.time()
-        if not self.created:
-            for view in VIEWS:
-                view.ensure(spark, self.settings, self.fence)
-            self.created = True
-        steps = Steps()
+    def open(self, spark: SparkSession) -> None:
+        for view in VIEWS:
+            view.ensure(spark, self.settings, self.fence)
+
+    def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome | None:
         records = batch.localCheckpoint(eager=True)
         changes = records.where("kind = 'change'")
         reach = changes.groupBy("_topic", "_partition").agg(F.max("_offset").alias("last")).collect()
         if not reach and records.where("kind = 'entry'").isEmpty():
-            return  # a metadata-only version of an input (a fencing stamp): nothing to do
+            return None  # a metadata-only version of an input (a fencing stamp): nothing to do
         steps.done("read")
         self._wait_for_mirrors({(r["_topic"], r["_partition"]): r["last"] + 1 for r in reach})
         steps.done("wait_for_mirrors")
-        context = Context(spark, self.settings, self.fence, batch_id, changes,
+        context = Context(commit, self.settings, changes,
                           records.where("kind = 'entry'").select("event_id", "account", "_commit_lsn", "_lsn"))
         applied = {customer_history.NAME: customer_history.apply(context)}
         steps.done(customer_history.NAME)
@@ -165,11 +147,9 @@ class ViewsBatch:
         steps.done(customer_order_summary.NAME)
         applied[order_docs.NAME] = order_docs.commit(context, documents)
         steps.done(order_docs.NAME)
-        self.progress.record(batch_id, applied, started, step_seconds=steps.seconds)
+        return Outcome(applied=applied)
 
     def _wait_for_mirrors(self, needed: dict[tuple[str, int], int]) -> None:
-        from sync.commands.freshness import processed_offsets
-
         deadline = time.monotonic() + MIRROR_WAIT_SECONDS
         checkpoint = catalog.checkpoint(self.settings, MIRRORS)
         while True:
@@ -182,33 +162,3 @@ class ViewsBatch:
                                     f"{MIRROR_WAIT_SECONDS} s; the views wait for them")
             self.fence.check()
             time.sleep(0.25)
-
-
-class Context:
-    """What one batch hands each view: the session, the batch's changes and entries,
-    and the mirrors and views as they stand (read fresh at each call)."""
-
-    def __init__(self, spark: SparkSession, settings: Settings, fence: Fence, batch_id: int,
-                 changes: DataFrame, entries: DataFrame):
-        self.spark, self.settings, self.fence, self.batch_id = spark, settings, fence, batch_id
-        self.changes, self.entries = changes, entries
-        self.history_changed: DataFrame | None = None   # set by customer_history: id, first new position
-        self.orders_changed: DataFrame | None = None    # set by order_docs: customer ids old and new
-        self.docs_after: DataFrame | None = None        # set by order_docs: documents once written
-
-    def changes_of(self, table: str) -> DataFrame:
-        return self.changes.where(F.col("table") == f"public.{table}")
-
-    def mirror(self, table: str, columns: str) -> DataFrame:
-        """The mirror's `columns` (a DDL list, provenance included as needed); empty when
-        the table has had no row yet (no mirror is created before its first change)."""
-        from projections.mirrors import mirror_path
-
-        path = mirror_path(self.settings, table)
-        wanted = self.spark.createDataFrame([], columns)
-        if not (path / "_delta_log").is_dir():
-            return wanted
-        return self.spark.read.format("delta").load(str(path)).select(*wanted.columns)
-
-    def view(self, path: str) -> DataFrame:
-        return self.spark.read.format("delta").load(path)

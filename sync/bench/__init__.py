@@ -37,6 +37,8 @@ from pathlib import Path
 
 from sync.config import ROOT, Settings
 from sync.errors import LakesyncError
+from sync.projection import KafkaTopics
+from sync.stack.background import start_background, stop_background
 
 RESULTS = ROOT / "bench" / "results"
 DEFAULT_SIZES = [100_000, 1_000_000, 10_000_000]
@@ -120,12 +122,10 @@ def _seed(settings: Settings) -> None:
 
 
 def _runner(settings: Settings, start: bool) -> None:
-    from sync.commands import runner
-
     if start:
-        runner.start_background(settings)
+        start_background(settings)
     else:
-        runner.stop_background(settings)
+        stop_background(settings)
 
 
 def _runner_running(settings: Settings) -> bool:
@@ -208,15 +208,16 @@ def _compact(settings: Settings) -> dict:
 def _capture(settings: Settings, events: int, say) -> tuple[dict, dict]:
     """Step 3. Returns the backlog's Kafka ranges and the capture figures."""
     from sync import demo
-    from sync.commands import freshness
     from sync.bench.workload import Load
+    from sync.commands import freshness
     from sync.config import CONNECTOR_NAME
     from sync.stack.connect import rest, wait_for_state
+    from sync.streaming.offsets import end_offsets
 
     rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/pause")
     try:
         wait_for_state(settings, "PAUSED")
-        before = freshness.end_offsets(settings, ALL_TOPICS)
+        before = end_offsets(settings, ALL_TOPICS)
         with demo.app_connect(settings) as conn:
             started = time.monotonic()
             counts = Load(conn, random.Random(2)).flat_out(events)
@@ -231,7 +232,7 @@ def _capture(settings: Settings, events: int, say) -> tuple[dict, dict]:
             raise BenchFailed("the connector did not capture the backlog within an hour")
         time.sleep(0.05)
     took = time.monotonic() - resumed
-    after = freshness.end_offsets(settings, ALL_TOPICS)
+    after = end_offsets(settings, ALL_TOPICS)
     ranges = {tp: (before.get(tp, 0), end) for tp, end in after.items() if end > before.get(tp, 0)}
     records = sum(end - start for start, end in ranges.values())
     captured = records - counts.deletes  # each delete is followed by a tombstone record
@@ -245,45 +246,46 @@ def _capture(settings: Settings, events: int, say) -> tuple[dict, dict]:
 def _catch_up(settings: Settings, backlog: dict, say) -> dict:
     """Step 4: per projection, the seconds from the runner's start until its checkpoint
     covers what its inputs held when it started (the views: once their inputs are done)."""
-    from projections import all_projections
     from projections.views import projection as views
-    from sync.commands import freshness
-    from sync.streaming import progress
+    from sync.commands import all_projections
+    from sync.streaming import offsets, progress
 
     started = time.monotonic()
     _runner(settings, start=True)
     running = time.monotonic()
     projections = all_projections()
-    fed_by_kafka = [p for p in projections if p.TOPIC_PATTERN is not None]
-    goals = {p.NAME: freshness.input_ends(settings, p) for p in fed_by_kafka}
+    fed_by_kafka = [p for p in projections if isinstance(p.source(settings), KafkaTopics)]
+    goals = {p.name: offsets.input_ends(settings, p) for p in fed_by_kafka}
     done_at: dict[str, float] = {}
     steps: dict[str, dict | None] = {}
     while len(done_at) < len(projections):
         if time.monotonic() - started > 3600:
             raise BenchFailed(f"the runner did not catch up within an hour: {sorted(set(goals) - set(done_at))}")
-        if all(p.NAME in done_at for p in fed_by_kafka):
+        if all(p.name in done_at for p in fed_by_kafka):
             # The views read the changelog and the ledger: their goal is those tables, complete.
-            goals.update({p.NAME: freshness.input_ends(settings, p) for p in projections if p.NAME not in goals})
+            goals.update({p.name: offsets.input_ends(settings, p) for p in projections if p.name not in goals})
         for p in projections:
-            if p.NAME in goals and p.NAME not in done_at:
-                done = freshness.processed(settings, p)
-                if all(done.get(tp, 0) >= end for tp, end in goals[p.NAME].items()):
-                    done_at[p.NAME] = time.monotonic()
+            if p.name in goals and p.name not in done_at:
+                done = offsets.processed(settings, p)
+                if all(done.get(tp, 0) >= end for tp, end in goals[p.name].items()):
+                    done_at[p.name] = time.monotonic()
                     # Where its last catch-up batch's time went (mirrors, views), before
                     # a later batch replaces it.
-                    steps[p.NAME] = progress.read(settings, p.NAME).get("last_batch_steps")
+                    steps[p.name] = progress.read(settings, p.name).get("last_batch_steps")
         time.sleep(0.1)
     by_kind = {}
     for p in projections:
         # The views read the changelog's rows of their tables, one per change record.
-        pattern = p.TOPIC_PATTERN or "|".join(re.escape(f"lakesync.{t}") for t in views.TABLES)
+        source = p.source(settings)
+        pattern = (source.pattern if isinstance(source, KafkaTopics)
+                   else "|".join(re.escape(f"lakesync.{t}") for t in views.TABLES))
         events = sum(end - start for (topic, partition), (start, end) in backlog.items()
                      if _matches(pattern, topic))
-        seconds = done_at[p.NAME] - running
-        by_kind[p.NAME] = {"kind": p.KIND, "seconds": round(seconds, 3), "records": events or None,
+        seconds = done_at[p.name] - running
+        by_kind[p.name] = {"kind": p.kind, "seconds": round(seconds, 3), "records": events or None,
                            "events_per_s": round(events / seconds, 1) if events else None,
-                           "last_batch_steps": steps[p.NAME]}
-        say(f"  {p.NAME}: caught up in {seconds:.1f} s after the runner's start ({running - started:.0f} s)"
+                           "last_batch_steps": steps[p.name]}
+        say(f"  {p.name}: caught up in {seconds:.1f} s after the runner's start ({running - started:.0f} s)"
             + (f", {events:,} records, {events / seconds:,.1f}/s" if events else ""))
     return by_kind
 
@@ -301,9 +303,9 @@ def _verify(settings: Settings) -> bool:
 def _replay_ranges(settings: Settings) -> dict:
     """The mirrors' topics from offset zero to their end: what steps 5 and 6 replay."""
     from projections import mirrors
-    from sync.commands import freshness
+    from sync.streaming import offsets
 
-    return {tp: (0, end) for tp, end in freshness.end_offsets(settings, mirrors.TOPIC_PATTERN).items() if end}
+    return {tp: (0, end) for tp, end in offsets.end_offsets(settings, mirrors.TOPICS.pattern).items() if end}
 
 
 def _spark_figures(spark, settings: Settings, replay: dict, sizes: list[int], merge_batch: int,
@@ -322,7 +324,7 @@ def _spark_figures(spark, settings: Settings, replay: dict, sizes: list[int], me
     shutil.rmtree(catalog.root(catalog.building(settings, "mirrors", live["generation"] + 1), "mirrors"))
     say(f"  rebuild of the mirrors from offset zero: {took:.1f} s ({top['events'] / took:,.0f} events/s)")
     files = {t.name: int(spark.sql(f"DESCRIBE DETAIL delta.`{t.table}`").first()["numFiles"])
-             for t in mirrors.targets(settings)}
+             for t in mirrors.PROJECTION.targets(settings)}
     merge = merge_scaling.measure(spark, settings, sizes, merge_batch, workdir, say=say)
     return {"files_by_mirror": files, "ceiling_events_per_s": top["events_per_s"], "ceiling": top,
             "rebuild_events_per_s": round(top["events"] / took), "rebuild_seconds": round(took, 3),
@@ -332,7 +334,7 @@ def _spark_figures(spark, settings: Settings, replay: dict, sizes: list[int], me
 
 def _peer(settings: Settings, replay: dict, workdir: Path, say) -> dict:
     from sync.bench import peer
-    from sync.commands.freshness import pg_connect
+    from sync.stack.postgres import pg_connect
 
     ranges = {topic: (start, end) for (topic, _), (start, end) in replay.items()}
     result = peer.apply_topics(settings.kafka_bootstrap, ranges, workdir / "peer")

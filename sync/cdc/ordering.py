@@ -37,10 +37,26 @@ def position_columns(sequence: Column) -> tuple[Column, Column]:
     return F.coalesce(parts[0].cast("bigint"), F.lit(0)), parts[1].cast("bigint")
 
 
-def newer_than(source: str, target: str) -> str:
-    """SQL predicate: the change in `source` is later in commit order than the row in `target`.
+def later(first: tuple[str, str], second: tuple[str, str]) -> str:
+    """SQL predicate: position `first` (its commit LSN and change LSN, as SQL expressions)
+    comes after position `second` in commit order. The one place the rule is written;
+    spelled out rather than as a struct comparison so Delta can use it when pruning."""
+    (commit, lsn), (other_commit, other_lsn) = first, second
+    return f"({commit} > {other_commit} OR ({commit} = {other_commit} AND {lsn} > {other_lsn}))"
 
-    Written out rather than as a struct comparison so Delta can use it when pruning.
-    """
-    return (f"({source}._commit_lsn > {target}._commit_lsn OR "
-            f"({source}._commit_lsn = {target}._commit_lsn AND {source}._lsn > {target}._lsn))")
+
+def newer_than(source: str, target: str) -> str:
+    """SQL predicate: the change in `source` is later in commit order than the row in `target`."""
+    return later((f"{source}._commit_lsn", f"{source}._lsn"), (f"{target}._commit_lsn", f"{target}._lsn"))
+
+
+def newer_than_literal(position: Position, side: str = "") -> str:
+    """SQL predicate: the row (of `side`, if given) is later than a literal position."""
+    prefix = f"{side}." if side else ""
+    return later((f"{prefix}_commit_lsn", f"{prefix}_lsn"), (str(int(position[0])), str(int(position[1]))))
+
+
+def parse_lsn(text: str) -> int:
+    """'0/1A2B3C' -> integer LSN."""
+    high, low = text.split("/")
+    return (int(high, 16) << 32) + int(low, 16)

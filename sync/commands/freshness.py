@@ -1,4 +1,4 @@
-"""How far each projection is behind Postgres, and the freshness barrier (`lakesync wait`).
+"""`lakesync wait` and the lag `status` shows: how far each projection is behind Postgres.
 
 The barrier's steps, in order:
   1. Read Postgres' current WAL position L. Every transaction that committed before the
@@ -19,24 +19,19 @@ The barrier's steps, in order:
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-import psycopg
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
-
-from projections import all_projections
-from sync.stack import capture
-from sync.delta import catalog
+from sync.cdc.ordering import parse_lsn
+from sync.commands import all_projections
 from sync.config import CONNECTOR_NAME, HEARTBEAT_TABLE, Settings
-from sync.errors import NotFresh, ServiceUnavailable
+from sync.errors import NotFresh
+from sync.projection import KafkaTopics, Projection
+from sync.stack import capture
 from sync.stack.connect import rest
-
-Offsets = dict[tuple[str, int], int]  # (topic, partition) -> next offset
+from sync.stack.postgres import pg_connect
+from sync.stack.process import read_pid
+from sync.streaming.offsets import Offsets, input_ends, processed
 
 
 @dataclass
@@ -45,20 +40,6 @@ class Lag:
     behind: int                 # records in Kafka not yet covered by a committed batch
     end: Offsets
     processed: Offsets
-
-
-def pg_connect(settings: Settings, **kwargs) -> psycopg.Connection:
-    try:
-        return psycopg.connect(settings.pg_dsn, connect_timeout=5, **kwargs)
-    except psycopg.OperationalError as error:
-        reason = str(error).strip().splitlines()[-1] if str(error).strip() else "unreachable"
-        raise ServiceUnavailable(f"Postgres is unreachable at {settings.pg_host}:{settings.pg_port}: {reason}") from None
-
-
-def parse_lsn(text: str) -> int:
-    """'0/1A2B3C' -> integer LSN."""
-    high, low = text.split("/")
-    return (int(high, 16) << 32) + int(low, 16)
 
 
 def wal_position_and_touch(settings: Settings) -> int:
@@ -79,85 +60,12 @@ def connector_lsn(settings: Settings) -> int:
     return best
 
 
-def end_offsets(settings: Settings, pattern: str) -> Offsets:
-    regex = re.compile(pattern)
-    try:
-        metadata = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(timeout=10)
-    except Exception as error:  # librdkafka raises KafkaException with a long text
-        raise ServiceUnavailable(f"Kafka is unreachable at {settings.kafka_bootstrap} ({error})") from None
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "lakesync-freshness",
-                         "enable.auto.commit": False})
-    try:
-        ends: Offsets = {}
-        for topic, meta in metadata.topics.items():
-            if not regex.fullmatch(topic):
-                continue
-            for partition in meta.partitions:
-                _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-                ends[(topic, partition)] = high
-        return ends
-    finally:
-        consumer.close()
-
-
-def processed_offsets(checkpoint: Path) -> Offsets:
-    """The end offsets of the last batch the query committed (from its checkpoint)."""
-    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.is_dir() else []
-    if not commits:
-        return {}
-    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
-    done: Offsets = {}
-    for line in lines[2:]:
-        for topic, partitions in json.loads(line).items():
-            for partition, offset in partitions.items():
-                done[(topic, int(partition))] = int(offset)
-    return done
-
-
-def latest_version(table: str) -> int:
-    """The latest version of a Delta table, from its log's file names (-1: no table)."""
-    log = Path(table) / "_delta_log"
-    return max((int(p.stem) for p in log.glob("[0-9]*.json")), default=-1)
-
-
-def processed_versions(checkpoint: Path, tables: list[str]) -> Offsets:
-    """For a query streaming from Delta tables (its sources in `tables` order): the next
-    version of each table it will read, from its last committed batch. Delta's offset
-    (v, index -1) means every version before v has been read."""
-    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.is_dir() else []
-    if not commits:
-        return {}
-    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()[2:]
-    done: Offsets = {}
-    for table, line in zip(tables, lines):
-        # (v, index i >= 0) means version v is read up to its file i: v is not done either.
-        offset = json.loads(line) if line.strip() not in ("", "-") else {}
-        done[(table, 0)] = int(offset.get("reservoirVersion", 0))
-    return done
-
-
-def input_ends(settings: Settings, projection) -> Offsets:
-    """What a projection has to read: per Kafka topic partition the next offset, or per
-    input Delta table (as partition 0) the next version."""
-    if projection.TOPIC_PATTERN is not None:
-        return end_offsets(settings, projection.TOPIC_PATTERN)
-    return {(t, 0): latest_version(t) + 1 for t in projection.inputs(settings) if latest_version(t) >= 0}
-
-
-def processed(settings: Settings, projection) -> Offsets:
-    """What its last committed batch has read, in the same terms as `input_ends`."""
-    checkpoint = catalog.checkpoint(settings, projection.NAME)
-    if projection.TOPIC_PATTERN is not None:
-        return processed_offsets(checkpoint)
-    return processed_versions(checkpoint, projection.inputs(settings))
-
-
 def lags(settings: Settings) -> list[Lag]:
     result = []
     for projection in all_projections():
         end, done = input_ends(settings, projection), processed(settings, projection)
         behind = sum(max(0, high - done.get(tp, 0)) for tp, high in end.items())
-        result.append(Lag(projection.NAME, behind, end, done))
+        result.append(Lag(projection.name, behind, end, done))
     return result
 
 
@@ -191,25 +99,25 @@ def drain(settings: Settings, started: float, deadline: float, names: set[str] |
     it after capture, `rebuild --verify` while capture is paused. Raises NotFresh."""
     timeout = deadline - started
     chosen = all_projections()
-    if names is not None and not any(p.TOPIC_PATTERN is None and p.NAME in names for p in chosen):
-        chosen = [p for p in chosen if p.NAME in names]
-    kafka_fed = [p for p in chosen if p.TOPIC_PATTERN is not None]
-    goals = {p.NAME: input_ends(settings, p) for p in kafka_fed}
-    delta_fed = [p for p in chosen if p.TOPIC_PATTERN is None]
+    if names is not None and not any(_delta_fed(settings, p) and p.name in names for p in chosen):
+        chosen = [p for p in chosen if p.name in names]
+    kafka_fed = [p for p in chosen if not _delta_fed(settings, p)]
+    goals = {p.name: input_ends(settings, p) for p in kafka_fed}
+    delta_fed = [p for p in chosen if _delta_fed(settings, p)]
     runner_seen = time.monotonic()
     while True:
         behind = []
-        for projection in kafka_fed + [p for p in delta_fed if p.NAME in goals]:
+        for projection in kafka_fed + [p for p in delta_fed if p.name in goals]:
             done = processed(settings, projection)
-            missing = sum(max(0, high - done.get(tp, 0)) for tp, high in goals[projection.NAME].items())
+            missing = sum(max(0, high - done.get(tp, 0)) for tp, high in goals[projection.name].items())
             if missing:
-                unit = "records" if projection.TOPIC_PATTERN is not None else "table versions"
-                behind.append(f"{projection.NAME} ({missing} {unit} behind)")
+                unit = "records" if not _delta_fed(settings, projection) else "table versions"
+                behind.append(f"{projection.name} ({missing} {unit} behind)")
         if not behind:
-            if all(p.NAME in goals for p in delta_fed):
+            if all(p.name in goals for p in delta_fed):
                 return
             # Step 6: the Delta inputs are complete now; their versions are the next goal.
-            goals.update({p.NAME: input_ends(settings, p) for p in delta_fed})
+            goals.update({p.name: input_ends(settings, p) for p in delta_fed})
             continue
         now = time.monotonic()
         if _runner_alive(settings):
@@ -225,6 +133,8 @@ def drain(settings: Settings, started: float, deadline: float, names: set[str] |
 
 
 def _runner_alive(settings: Settings) -> bool:
-    from sync.stack.process import read_pid
-
     return read_pid(settings.runner_pidfile) is not None
+
+
+def _delta_fed(settings: Settings, projection: Projection) -> bool:
+    return not isinstance(projection.source(settings), KafkaTopics)

@@ -37,15 +37,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from projections import all_projections
-from sync.delta import catalog
-from sync.commands import freshness
-from sync.streaming import spark as spark_session
+from pyspark.sql import SparkSession
+
+from projections import changelog
+from projections.ledger import projection as ledger
+from sync.commands import all_projections, freshness
 from sync.config import CONNECTOR_NAME, Settings
-from sync.delta import fencing
+from sync.delta import catalog, fencing
 from sync.errors import LakesyncError
+from sync.projection import Projection, Target
+from sync.stack.background import start_background, stop_background
 from sync.stack.connect import rest, wait_for_state
 from sync.stack.process import read_pid
+from sync.streaming import offsets, spark as spark_session
+from sync.streaming.offsets import Offsets
 
 VOLATILE = {"_applied_at"}  # when our job wrote the row, not what it wrote
 VERIFY_DRAIN_SECONDS = 600  # how long step 2b waits for the live runner
@@ -64,12 +69,10 @@ class Comparison:
     sample: list = field(default_factory=list)   # keys that differ
 
 
-def projection_of(name: str):
+def projection_of(name: str) -> Projection:
     """The projection a rebuild of NAME builds: a projection's name, or one of its
     targets' names (a projection is one query with one checkpoint: it is rebuilt whole)."""
-    from projections import changelog
-
-    by_name = {p.NAME: p for p in all_projections()}
+    by_name = {p.name: p for p in all_projections()}
     prefixes = {"mirror.": "mirrors", "ledger.enriched": "views", "ledger.": "ledger", "history.": "views",
                 "view.": "views", "search.": "views", "window.": "event_time", "join.": "event_time",
                 "late.": "event_time", "event_time.": "event_time"}
@@ -79,7 +82,7 @@ def projection_of(name: str):
         raise LakesyncError(f"no projection or target named {name!r}; rebuild one of: "
                             + ", ".join(sorted(set(by_name) - {changelog.NAME})) +
                             " (or a target `lakesync status` lists)")
-    if found is changelog:
+    if found is changelog.PROJECTION:
         raise LakesyncError("the changelog is the bronze record: Kafka compaction has removed older "
                             "versions it keeps, so it is never rebuilt from Kafka")
     return found
@@ -88,25 +91,23 @@ def projection_of(name: str):
 def rebuild(settings: Settings, names: list[str], verify: bool, swap: bool, say=print) -> list[Comparison]:
     """Rebuild the projections `names` name, side by side in one Spark session (one pause
     of capture for all of them when verifying, one runner restart when swapping)."""
-    from projections.ledger import projection as ledger
-
     wanted = {projection_of(name) for name in names}
     projections = [p for p in all_projections() if p in wanted]  # the runner's order: views last
-    if swap and ledger in projections:
+    if swap and ledger.PROJECTION in projections:
         raise LakesyncError("the ledger is never replaced: auditors' digests name versions of this table. "
                             "`--verify` proves a rebuild equals it")
     builds = []
     for projection in projections:
-        live = catalog.entry(settings, projection.NAME)
-        shadow = catalog.building(settings, projection.NAME, live["generation"] + 1)
-        folder = catalog.root(shadow, projection.NAME)
+        live = catalog.entry(settings, projection.name)
+        shadow = catalog.building(settings, projection.name, live["generation"] + 1)
+        folder = catalog.root(shadow, projection.name)
         shutil.rmtree(folder, ignore_errors=True)  # left by an interrupted rebuild: start from zero
-        say(f"rebuilding {projection.NAME} from offset zero into generation {live['generation'] + 1} "
+        say(f"rebuilding {projection.name} from offset zero into generation {live['generation'] + 1} "
             f"({folder}); generation {live['generation']} keeps serving")
         builds.append(Build(projection, shadow, live["generation"] + 1))
     spark = spark_session.session(settings, "lakesync-rebuild")
     for build in builds:
-        build.fence = fencing.take(spark, build.shadow, build.projection.NAME, [])
+        build.fence = fencing.take(spark, build.shadow, build.projection.name, [])
     _run(spark, builds, say)
     comparisons: list[Comparison] = []
     if verify:
@@ -125,40 +126,40 @@ def rebuild(settings: Settings, names: list[str], verify: bool, swap: bool, say=
 
 @dataclass
 class Build:
-    projection: object
+    projection: Projection
     shadow: Settings          # writes the new generation, reads everything else live
     generation: int
     fence: fencing.Fence | None = None
 
 
-def _run(spark, builds: list[Build], say) -> None:
+def _run(spark: SparkSession, builds: list[Build], say) -> None:
     """One availableNow run of every new generation, side by side, showing progress."""
     running = []
     for build in builds:
         projection, shadow = build.projection, build.shadow
-        if hasattr(projection, "ready") and not projection.ready(shadow):
-            raise RebuildFailed(f"{projection.NAME} reads tables that do not exist yet; start the runner first")
-        unit = "offsets" if projection.TOPIC_PATTERN is not None else "table versions"
-        progress = _Progress(projection.NAME, unit, freshness.input_ends(shadow, projection),
-                             freshness.processed(shadow, projection))
+        if not projection.ready(shadow):
+            raise RebuildFailed(f"{projection.name} reads tables that do not exist yet; start the runner first")
+        unit = "offsets" if projection.source(shadow).unit == "records" else "table versions"
+        progress = _Progress(projection.name, unit, offsets.input_ends(shadow, projection),
+                             offsets.processed(shadow, projection))
         # A pool per projection, as in the runner: the FAIR scheduler shares the cores.
-        spark.sparkContext.setLocalProperty("spark.scheduler.pool", projection.NAME)
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", projection.name)
         running.append((build, progress, projection.start(spark, shadow, True, build.fence)))
     bar = _Line()
     while any(query.isActive for *_, query in running):
         time.sleep(1)
-        bar.show(" | ".join(progress.line(freshness.processed(build.shadow, build.projection))
+        bar.show(" | ".join(progress.line(offsets.processed(build.shadow, build.projection))
                             for build, progress, _ in running))
     bar.end()
     for build, progress, query in running:
         error = query.exception()
         if error is not None:
             text = str(getattr(error, "desc", None) or error).strip().splitlines()
-            raise RebuildFailed(f"the rebuild of {build.projection.NAME} failed: {text[0][:500] if text else error}")
-        say(progress.summary(freshness.processed(build.shadow, build.projection)))
+            raise RebuildFailed(f"the rebuild of {build.projection.name} failed: {text[0][:500] if text else error}")
+        say(progress.summary(offsets.processed(build.shadow, build.projection)))
 
 
-def _verify(spark, settings: Settings, builds: list[Build], say) -> list[Comparison]:
+def _verify(spark: SparkSession, settings: Settings, builds: list[Build], say) -> list[Comparison]:
     """Step 2."""
     say("verify: pausing capture, so the live and the rebuilt projections reach the same source position")
     rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/pause")
@@ -168,7 +169,7 @@ def _verify(spark, settings: Settings, builds: list[Build], say) -> list[Compari
             raise RebuildFailed("verify compares with the live projections at Kafka's end: start the runner "
                                 "(`lakesync run`) first")
         started = time.monotonic()
-        freshness.drain(settings, started, started + VERIFY_DRAIN_SECONDS, {b.projection.NAME for b in builds})
+        freshness.drain(settings, started, started + VERIFY_DRAIN_SECONDS, {b.projection.name for b in builds})
         _run(spark, builds, say)
         comparisons = [compare(spark, live, rebuilt) for build in builds
                        for live, rebuilt in _pairs(settings, build.shadow, build.projection)]
@@ -178,7 +179,7 @@ def _verify(spark, settings: Settings, builds: list[Build], say) -> list[Compari
     return comparisons
 
 
-def _pairs(settings: Settings, shadow: Settings, projection):
+def _pairs(settings: Settings, shadow: Settings, projection: Projection) -> list[tuple[Target | None, Target | None]]:
     """(live target, rebuilt target) per Delta table, matched by name; a table only one
     side has is compared with nothing."""
     live = {t.name: t for t in projection.targets(settings) if t.delta}
@@ -186,7 +187,7 @@ def _pairs(settings: Settings, shadow: Settings, projection):
     return [(live.get(n), rebuilt.get(n)) for n in sorted(set(live) | set(rebuilt))]
 
 
-def compare(spark, live, rebuilt) -> Comparison:
+def compare(spark: SparkSession, live: Target | None, rebuilt: Target | None) -> Comparison:
     """Every row of one table against the other, both ways (a multiset difference)."""
     def load(target):
         if target is None or not (Path(target.table) / "_delta_log").is_dir():
@@ -215,13 +216,11 @@ def compare(spark, live, rebuilt) -> Comparison:
 
 def _swap(settings: Settings, builds: list[Build], say) -> None:
     """Steps 3b to 3e."""
-    from sync.commands.runner import start_background, stop_background
-
     was_running = stop_background(settings)
     if was_running:
         say("swap: live runner stopped between batches")
     for build in builds:
-        name = build.projection.NAME
+        name = build.projection.name
         old = catalog.swap(settings, name, build.generation, catalog.root(build.shadow, name))
         say(f"swap: the catalog now points {name} at generation {build.generation}")
         catalog.retire(settings, build.projection, old)
@@ -235,23 +234,23 @@ class _Progress:
     """One projection's progress towards `goal` (its inputs' ends when the run began):
     done and to go, rate, time left."""
 
-    def __init__(self, name: str, unit: str, goal: freshness.Offsets, processed: freshness.Offsets):
+    def __init__(self, name: str, unit: str, goal: Offsets, processed: Offsets):
         self.name, self.unit, self.goal = name, unit, goal
         self.total = sum(goal.values())
         self.first = self.done(processed)
         self.started = time.monotonic()
 
-    def done(self, processed: freshness.Offsets) -> int:
+    def done(self, processed: Offsets) -> int:
         return sum(min(processed.get(tp, 0), end) for tp, end in self.goal.items())
 
-    def line(self, processed: freshness.Offsets) -> str:
+    def line(self, processed: Offsets) -> str:
         done, elapsed = self.done(processed), time.monotonic() - self.started
         rate = (done - self.first) / elapsed if elapsed > 0 else 0.0
         share = 100.0 * done / self.total if self.total else 100.0
         eta = f"{(self.total - done) / rate:.0f} s" if rate > 0 else "-"
         return f"{self.name} {done:,}/{self.total:,} {self.unit} ({share:.0f} %) {_rate(rate)} ETA {eta}"
 
-    def summary(self, processed: freshness.Offsets) -> str:
+    def summary(self, processed: Offsets) -> str:
         done, elapsed = self.done(processed), time.monotonic() - self.started
         return (f"  {self.name}: {done - self.first:,} {self.unit} read in {elapsed:.1f} s "
                 f"({_rate((done - self.first) / elapsed if elapsed else 0.0)}), at {done:,} of {self.total:,}")

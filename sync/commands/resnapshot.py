@@ -11,28 +11,31 @@ the mirrors are rebuilt from a new consistent snapshot. Steps of `resnapshot`, i
      is finished by running `resnapshot` again.
   5. Reset the connector's source offsets and resume it: with no offsets Debezium
      creates a new slot and takes an initial snapshot (op r) of every table.
-  6. Reset the mirrors: their tables, tombstones, checkpoint and progress. Started
-     again (`lakesync run`), they read only records after the offsets of step 4, that
-     is the snapshot and what follows it. The changelog keeps its history (with the
-     gap, which no one can fill); its check in `verify` starts at the same offsets.
-     The views, the search index and the event-time tables are reset too and rebuild
-     from the same offsets (`reset` in projections/views/projection.py and event_time.py).
+  6. Reset every projection but the changelog and the ledger (KEPT): its tables, state (the mirrors'
+     tombstones), checkpoint and progress (sync/delta/catalog.py `clear`), and what its
+     own `reset` adds (the views: the search index). Started again (`lakesync run`),
+     they read only records after the offsets of step 4, that is the snapshot and what
+     follows it. The changelog keeps its history (with the gap, which no one can fill);
+     its check in `verify` starts at the same offsets.
   7. Wait until the connector streams again.
 """
 
 from __future__ import annotations
 
-import shutil
-
-from projections.event_time import projection as event_time
-from projections import mirrors
-from projections.views import projection as views
-from sync.delta import catalog
+from projections import changelog, mirrors
+from projections.ledger import projection as ledger
+from sync.commands import all_projections
 from sync.config import CONNECTOR_NAME, SLOT, Settings
-from sync.commands.freshness import end_offsets, pg_connect
-from sync.commands.runner import stop_background
+from sync.delta import catalog
+from sync.stack.background import stop_background
 from sync.stack.connect import Connect, rest, wait_for_state
+from sync.stack.postgres import pg_connect
+from sync.streaming.offsets import end_offsets
 from sync.streaming.stream import note_start_offsets
+
+# Not reset: the changelog keeps its history (with the gap), and the ledger reads the
+# outbox's event topic, which a snapshot does not replay.
+KEPT = {changelog.NAME, ledger.NAME}
 
 
 def resnapshot(settings: Settings, say=print) -> None:
@@ -45,17 +48,15 @@ def resnapshot(settings: Settings, say=print) -> None:
         dropped = conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                                "WHERE slot_name = %s AND NOT active", (SLOT,)).fetchall()
     say(f"  replication slot     {'dropped' if dropped else 'already gone'}")
-    note_start_offsets(settings, end_offsets(settings, mirrors.TOPIC_PATTERN))
+    note_start_offsets(settings, end_offsets(settings, mirrors.TOPICS.pattern))
     rest(settings, "DELETE", f"/connectors/{CONNECTOR_NAME}/offsets")
     rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/resume")
     say("  connector            offsets reset, snapshotting")
-    for folder in (catalog.root(settings, mirrors.NAME) / "mirrors", *mirrors.state_paths(settings),
-                   catalog.checkpoint(settings, mirrors.NAME)):
-        shutil.rmtree(folder, ignore_errors=True)
-    catalog.progress_file(settings, mirrors.NAME).unlink(missing_ok=True)
-    say("  mirrors              reset; they rebuild from the snapshot when the runner starts")
-    views.reset(settings)
-    event_time.reset(settings)
-    say("  views, event time    reset; they rebuild from the snapshot when the runner starts")
+    for projection in all_projections():
+        if projection.name in KEPT:
+            continue
+        catalog.clear(settings, projection)
+        projection.reset(settings)
+        say(f"  {projection.name:<20} reset; it rebuilds from the snapshot when the runner starts")
     Connect(settings).register()
     say("  connector            streaming")

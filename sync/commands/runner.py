@@ -12,18 +12,18 @@ import signal
 import sys
 import threading
 
-from pathlib import Path
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
-from projections import all_projections
-from sync.streaming import metrics, spark as spark_session
-from sync.config import ROOT, Settings
+from sync.commands import all_projections
+from sync.config import Settings
 from sync.delta import fencing
-from sync.errors import Fenced, LakesyncError, ServiceUnavailable
+from sync.errors import Fenced, RunnerFailed, ServiceUnavailable
+from sync.projection import KafkaTopics, Projection
+from sync.stack.background import reap_orphaned_jvm
 from sync.stack.kafka import kafka_ready
-from sync.stack.process import pid_alive, read_pid, spawn, stop_pid, wait_until
-
-class RunnerFailed(LakesyncError):
-    exit_code = 1
+from sync.stack.process import read_pid
+from sync.streaming import metrics, spark as spark_session
 
 
 def run(settings: Settings, once: bool = False) -> None:
@@ -42,7 +42,7 @@ def run(settings: Settings, once: bool = False) -> None:
         spark = spark_session.session(settings, "lakesync-runner")
         # The fencing tokens of this run, every one before any query commits: any older
         # runner still alive is now a zombie, whatever moment it wakes up at.
-        fences = {p.NAME: fencing.take(spark, settings, p.NAME, [t.table for t in p.targets(settings) if t.delta])
+        fences = {p.name: fencing.take(spark, settings, p.name, [t.table for t in p.targets(settings) if t.delta])
                   for p in projections}
         # Written before the first batch: `start_background` and `status` read it.
         settings.runner_pidfile.parent.mkdir(parents=True, exist_ok=True)
@@ -50,19 +50,20 @@ def run(settings: Settings, once: bool = False) -> None:
         settings.runner_jvm_pidfile.write_text(f"{jvm} {os.getpid()}")
         settings.runner_pidfile.write_text(str(os.getpid()))
         queries = []
-        by_name = {p.NAME: p for p in projections}
+        by_name = {p.name: p for p in projections}
         restarts = dict.fromkeys(by_name, 0)
         # A projection fed by Delta tables (views) starts once its tables exist; with
         # availableNow, once the projections feeding them have finished, so it sees them whole.
-        waiting = [p for p in projections if hasattr(p, "ready") and (once or not p.ready(settings))]
+        waiting = [p for p in projections if not isinstance(p.source(settings), KafkaTopics)
+                   and (once or not p.ready(settings))]
         for projection in projections:
             if projection not in waiting:
-                queries.append(_start(spark, settings, projection, once, fences[projection.NAME]))
+                queries.append(_start(spark, settings, projection, once, fences[projection.name]))
         while not stop.is_set():
             upstream_done = all(not q.isActive for q in queries)
             for projection in list(waiting):
                 if projection.ready(settings) and (upstream_done or not once):
-                    queries.append(_start(spark, settings, projection, once, fences[projection.NAME]))
+                    queries.append(_start(spark, settings, projection, once, fences[projection.name]))
                     waiting.remove(projection)
             for index, query in enumerate(queries):
                 if not query.isActive:
@@ -104,66 +105,11 @@ def run(settings: Settings, once: bool = False) -> None:
             settings.runner_jvm_pidfile.unlink()  # our JVM exits with us (stdin closes)
 
 
-def reap_orphaned_jvm(settings: Settings) -> None:
-    """Kill the Spark JVM a dead runner left behind, before a new run starts.
-
-    A runner killed with SIGKILL leaves its JVM running until the JVM notices its stdin
-    closed, and then it shuts its queries down gracefully. Meanwhile its queries may still
-    write the next entry of their offset logs, and a new run writing the same entry fails
-    with "multiple streaming jobs detected". Its Python half is gone, so it cannot commit
-    a batch: killing it loses nothing. The file names the JVM and its runner; the JVM is
-    killed only when that runner is dead (a paused runner is left to the fencing tokens)
-    and the pid still is a Spark JVM (pids are reused).
-    """
-    try:
-        jvm, runner = (int(pid) for pid in settings.runner_jvm_pidfile.read_text().split())
-    except (OSError, ValueError):
-        jvm = runner = 0
-    if jvm and pid_alive(jvm) and not pid_alive(runner):
-        try:
-            command = Path(f"/proc/{jvm}/cmdline").read_bytes()
-        except OSError:
-            command = b""
-        if b"org.apache.spark.deploy.SparkSubmit" in command:
-            os.kill(jvm, signal.SIGKILL)
-            wait_until(lambda: not pid_alive(jvm), 30, f"the exit of a dead runner's JVM (pid {jvm})")
-    settings.runner_jvm_pidfile.unlink(missing_ok=True)
-
-
-def _start(spark, settings: Settings, projection, once: bool, fence: fencing.Fence):
+def _start(spark: SparkSession, settings: Settings, projection: Projection, once: bool,
+           fence: fencing.Fence) -> StreamingQuery:
     # A pool per projection: the FAIR scheduler shares the two cores between them.
-    spark.sparkContext.setLocalProperty("spark.scheduler.pool", projection.NAME)
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", projection.name)
     return projection.start(spark, settings, once, fence)
-
-
-def start_background(settings: Settings) -> int:
-    """Start `lakesync run` as a background process (unless one runs); returns its pid."""
-    pid = read_pid(settings.runner_pidfile)
-    if pid:
-        return pid
-    log = settings.logs / "runner.log"
-    pid = spawn([sys.executable, "-m", "sync", "run"], None, log,
-                env={**os.environ, "PYTHONPATH": str(ROOT)})
-    wait_until(lambda: _started_or_dead(settings, pid, log), 180, "the runner", log)
-    return pid
-
-
-def stop_background(settings: Settings, timeout: float = 120) -> bool:
-    """Stop a running runner between batches; True if one ran.
-
-    SIGTERM goes to the runner alone: it stops its queries, closes its fences, and its
-    Spark JVM exits after it. A signal to the whole process group would reach the JVM
-    too, whose shutdown hook stops Spark under the queries. SIGKILL after `timeout`."""
-    pid = read_pid(settings.runner_pidfile)
-    if pid:
-        stop_pid(pid, timeout=timeout, group=False)
-    return pid is not None
-
-
-def _started_or_dead(settings: Settings, pid: int, log) -> bool:
-    if not pid_alive(pid):
-        raise RunnerFailed(f"the runner exited during start-up; see {log}")
-    return read_pid(settings.runner_pidfile) == pid
 
 
 CHECKPOINT_CONFLICT_RESTARTS = 3  # a zombie writes at most one offsets entry per query before it blocks

@@ -5,15 +5,17 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from projections import all_projections
-from sync.stack import capture
-from sync.streaming import progress
+from sync import search
+from sync.commands import all_projections
+from sync.commands.freshness import lags
 from sync.config import Settings, safe_dsn
 from sync.errors import LakesyncError
-from sync.commands.freshness import lags, pg_connect
+from sync.stack import capture
 from sync.stack.connect import connector_status
 from sync.stack.kafka import kafka_ready
+from sync.stack.postgres import pg_connect
 from sync.stack.process import read_pid
+from sync.streaming import progress
 
 
 def _iso(ts: float | None) -> str | None:
@@ -48,8 +50,6 @@ def collect(settings: Settings) -> dict[str, Any]:
         components["connect"] = {"ok": False, "url": settings.connect_url, "tasks": [], "error": str(error)}
 
     if settings.search_url:
-        from sync import search
-
         components["search"] = {"ok": search.healthy(settings.search_url), "url": settings.search_url}
 
     pid = read_pid(settings.runner_pidfile)
@@ -64,10 +64,10 @@ def collect(settings: Settings) -> dict[str, Any]:
 
     projections = []
     for projection in all_projections():
-        state = progress.read(settings, projection.NAME)
+        state = progress.read(settings, projection.name)
         for target in projection.targets(settings):
             table_state = state.get("tables", {}).get(target.name.split(".", 1)[-1], {})
-            topic_lag = behind.get(projection.NAME, {})
+            topic_lag = behind.get(projection.name, {})
             projections.append({
                 "name": target.name, "kind": target.kind, "table": target.table,
                 "lag": projection.lag_of(target, topic_lag) if kafka_ok else None,

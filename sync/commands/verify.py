@@ -1,174 +1,27 @@
-"""Compare every projection with its Postgres oracle: Postgres is the truth.
+"""`lakesync verify`: compare every projection with its Postgres oracle.
 
-For each target: run its oracle SQL on Postgres and read its Delta table, canonicalise
-every value by the Postgres column type (so 1.50 and 1.5, a UTC instant and its
-timestamptz, a JSON text and a jsonb value compare equal), hash each row, and compare by
-key. Reports row counts, an order-independent content hash per side, the number of
-differing keys and up to SAMPLE of them with both sides.
+For each target: run its oracle SQL on Postgres and read its Delta table, and compare
+the two (sync/compare.py); a target without oracle SQL is checked by its projection.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
-import json
-import struct
-import uuid
-from dataclasses import dataclass, field
-from decimal import Decimal
-from typing import Any, Iterable
+from typing import Iterable
 
-from projections import Target, all_projections
+from delta.tables import DeltaTable
+from psycopg.types.string import TextLoader
+from pyspark.sql import functions as F
+
+from sync.commands import all_projections
+from sync.compare import Report, compare, oracle_columns
 from sync.config import Settings
-from sync.commands.freshness import pg_connect
-
-SAMPLE = 10
-NULL = "\u2205"
-
-
-def canonical(value: Any, pg_type: str) -> Any:
-    """A JSON-able canonical form of one value; both sides of a comparison go through it."""
-    if value is None:
-        return NULL
-    if pg_type.endswith("[]") or pg_type == "ARRAY":
-        element = pg_type[:-2] if pg_type.endswith("[]") else "text"
-        return [canonical(v, element) for v in value]
-    if pg_type in ("numeric", "decimal", "money"):
-        try:
-            number = Decimal(str(value).replace("$", "").replace(",", ""))
-        except ArithmeticError:  # not a number at all: compared as text (and differs)
-            return str(value)
-        if not number.is_finite():
-            return str(number)
-        return format(number.normalize(), "f")
-    if pg_type == "real":
-        return repr(struct.unpack("f", struct.pack("f", float(value)))[0])
-    if pg_type in ("double precision",):
-        return repr(float(value))
-    if pg_type in ("json", "jsonb"):
-        # Postgres gives JSON text, Delta a struct or array (a nested document): both become
-        # plain values, numbers exact (Decimal, normalised), then one canonical JSON text.
-        parsed = json.loads(value, parse_float=Decimal) if isinstance(value, str) else value
-        return json.dumps(_plain(parsed), sort_keys=True, separators=(",", ":"))
-    if pg_type == "bytea":
-        return bytes(value).hex()
-    if pg_type == "uuid":
-        return str(uuid.UUID(str(value)))
-    if pg_type == "timestamp with time zone":
-        if isinstance(value, dt.datetime) and value.tzinfo is not None:
-            value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
-        return value.isoformat(sep=" ", timespec="microseconds")
-    if pg_type == "timestamp without time zone":
-        return value.isoformat(sep=" ", timespec="microseconds")
-    if pg_type == "time without time zone":
-        return value.strftime("%H:%M:%S.%f") if isinstance(value, dt.time) else str(value)
-    if pg_type == "interval":
-        if isinstance(value, dt.timedelta):
-            return str(value // dt.timedelta(microseconds=1))
-        return str(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).hex()
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (dt.date, dt.time)):
-        return value.isoformat()
-    return str(value)
-
-
-def _plain(value: Any) -> Any:
-    """A nested value (Spark Row, list, dict, Decimal) as JSON-able plain values."""
-    if hasattr(value, "asDict"):
-        value = value.asDict(recursive=False)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, Decimal):
-        return format(value.normalize(), "f") if value.is_finite() else str(value)
-    if isinstance(value, float):
-        return format(Decimal(repr(value)).normalize(), "f")
-    if isinstance(value, (dt.datetime, dt.date)):
-        return value.isoformat()
-    return value
-
-
-def row_digest(values: Iterable[Any]) -> bytes:
-    return hashlib.sha256(json.dumps(list(values), separators=(",", ":")).encode()).digest()[:16]
-
-
-@dataclass
-class Report:
-    name: str
-    kind: str
-    source_rows: int = 0
-    target_rows: int = 0
-    differences: int = 0
-    source_hash: str = ""
-    target_hash: str = ""
-    sample: list[dict[str, Any]] = field(default_factory=list)
-    error: str = ""
-
-    def as_json(self) -> dict[str, Any]:
-        out = {"name": self.name, "kind": self.kind, "source_rows": self.source_rows,
-               "target_rows": self.target_rows, "differences": self.differences,
-               "source_hash": self.source_hash, "target_hash": self.target_hash, "sample": self.sample}
-        if self.error:
-            out["error"] = self.error
-        return out
-
-
-def _content_hash(digests: dict) -> str:
-    total = sum(int.from_bytes(d, "big") for d in digests.values()) % (1 << 128)
-    return f"{total:032x}"
-
-
-def compare(target: Target, source_rows: Iterable[tuple], target_rows: Iterable[tuple],
-            columns: list[str], types: list[str], keys: list[str]) -> Report:
-    """Pure comparison of two row sets given in `columns` order (unit-tested)."""
-    keys = keys or columns  # compared row by row when there is no key
-    key_at = [columns.index(k) for k in keys]
-
-    def index(rows: Iterable[tuple]) -> tuple[dict[str, tuple[bytes, list]], int, list[str]]:
-        out, count, repeated = {}, 0, []
-        for row in rows:
-            count += 1
-            canon = [canonical(v, t) for v, t in zip(row, types)]
-            key = json.dumps([canon[i] for i in key_at])
-            if key in out:
-                repeated.append(key)
-            out[key] = (row_digest(canon), canon)
-        return out, count, repeated
-
-    source, source_count, _ = index(source_rows)
-    mirror, target_count, duplicates = index(target_rows)
-    report = Report(target.name, target.kind, source_count, target_count)
-    # A key held twice is a difference even when both copies are right: nothing doubled.
-    report.differences += len(duplicates)
-    for key in duplicates[:SAMPLE]:
-        report.sample.append({"key": dict(zip(keys, json.loads(key))), "source": None,
-                              "target": "duplicate row"})
-    report.source_hash = _content_hash({k: v[0] for k, v in source.items()})
-    report.target_hash = _content_hash({k: v[0] for k, v in mirror.items()})
-    for key in sorted(set(source) | set(mirror)):
-        left, right = source.get(key), mirror.get(key)
-        if left is not None and right is not None and left[0] == right[0]:
-            continue
-        report.differences += 1
-        if len(report.sample) < SAMPLE:
-            report.sample.append({
-                "key": dict(zip(keys, json.loads(key))),
-                "source": dict(zip(columns, left[1])) if left else None,
-                "target": dict(zip(columns, right[1])) if right else None})
-    return report
+from sync.stack.postgres import pg_connect
+from sync.streaming import spark as spark_session
 
 
 def verify(settings: Settings, spark=None, only: set[str] | None = None) -> list[Report]:
     """Compare every target (or those named in `only`) with its oracle. A Spark session
     is started unless one is given (tests share theirs)."""
-    from sync.streaming import spark as spark_session
-
-    from psycopg.types.string import TextLoader
-
     reports = []
     with pg_connect(settings) as conn:
         # JSON as its text: psycopg would turn both SQL NULL and JSON null into None.
@@ -184,7 +37,7 @@ def verify(settings: Settings, spark=None, only: set[str] | None = None) -> list
                     reports.append(projection.check(settings, spark, conn, target))
                     conn.commit()
                     continue
-                columns, types = _oracle_columns(conn, target.oracle_sql)
+                columns, types = oracle_columns(conn, target.oracle_sql)
                 source_rows = conn.cursor(name=f"verify_{len(reports)}").execute(target.oracle_sql)
                 target_rows = _delta_rows(spark, target.table, columns, target.target_filter)
                 reports.append(compare(target, source_rows, target_rows, columns, types, target.keys))
@@ -192,20 +45,7 @@ def verify(settings: Settings, spark=None, only: set[str] | None = None) -> list
     return reports
 
 
-def _oracle_columns(conn, sql: str) -> tuple[list[str], list[str]]:
-    """Column names and Postgres type names of a query's result, without running it."""
-    cursor = conn.execute(f"SELECT * FROM ({sql}) AS oracle LIMIT 0")
-    names = [d.name for d in cursor.description]
-    oids = [d.type_code for d in cursor.description]
-    types = {oid: name for oid, name in conn.execute(
-        "SELECT oid, format_type(oid, NULL) FROM pg_type WHERE oid = ANY(%s)", (oids,)).fetchall()}
-    return names, [types.get(oid, "text") for oid in oids]
-
-
 def _delta_rows(spark, path: str, columns: list[str], where: str = "") -> Iterable[tuple]:
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
-
     if not DeltaTable.isDeltaTable(spark, path):
         return []
     frame = spark.read.format("delta").load(path)

@@ -20,13 +20,14 @@ read the live changelog, ledger and mirrors) still resolves through the catalog.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from sync.config import Settings
+from sync.files import write_json_atomically
+from sync.projection import Projection
 
 
 def _pointer(settings: Settings, projection: str) -> Path:
@@ -67,25 +68,28 @@ def building(settings: Settings, projection: str, generation: int) -> Settings:
 def swap(settings: Settings, projection: str, generation: int, folder: Path) -> dict:
     """Point the catalog at `folder`; returns the entry it replaced. Atomic for readers."""
     old = entry(settings, projection)
-    pointer = _pointer(settings, projection)
-    pointer.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pointer.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"generation": generation, "root": str(folder), "swapped_at": time.time()}))
-    os.replace(tmp, pointer)
+    write_json_atomically(_pointer(settings, projection),
+                          {"generation": generation, "root": str(folder), "swapped_at": time.time()})
     return old
 
 
-def retire(settings: Settings, projection, old: dict) -> None:
+def clear(settings: Settings, projection: Projection) -> None:
+    """Remove what `projection` wrote in its current generation: its tables, state,
+    checkpoint and progress (its fencing epochs and the shared dead letters stay)."""
+    parts = [Path(t.table) for t in projection.targets(settings) if t.delta]
+    parts += [*projection.state_paths(settings), checkpoint(settings, projection.name)]
+    for part in parts:
+        shutil.rmtree(part, ignore_errors=True)
+    progress_file(settings, projection.name).unlink(missing_ok=True)
+
+
+def retire(settings: Settings, projection: Projection, old: dict) -> None:
     """Delete a generation the catalog no longer points at. Generation 0 is the lake
     itself, shared with the other projections: only this projection's own parts go
     (and its dead letters stay, in the table the projections share there)."""
     if old["generation"] > 0:
         shutil.rmtree(old["root"], ignore_errors=True)
         return
-    gone = replace(settings, roots=((projection.NAME, old["root"]),))
-    parts = [Path(t.table) for t in projection.targets(gone) if t.delta]
-    parts += [Path(p) for p in getattr(projection, "state_paths", lambda s: [])(gone)]
-    parts += [checkpoint(gone, projection.NAME), Path(old["root"]) / "_fencing" / projection.NAME]
-    for part in parts:
-        shutil.rmtree(part, ignore_errors=True)
-    progress_file(gone, projection.NAME).unlink(missing_ok=True)
+    gone = replace(settings, roots=((projection.name, old["root"]),))
+    clear(gone, projection)
+    shutil.rmtree(Path(old["root"]) / "_fencing" / projection.name, ignore_errors=True)

@@ -1,9 +1,9 @@
 """The commit protocol of one micro-batch into one Delta table.
 
-Effectively-once comes from three parts (DESIGN.md section 5): Kafka can replay, Spark's
+Effectively-once comes from three parts: Kafka can replay, Spark's
 checkpoint records which offsets each batch covered, and this commit is idempotent.
 
-Steps of `commit_batch`, in order:
+Steps of a commit (`BatchCommit`), in order:
   1. Tag the session of *this* streaming query with Delta's transaction identifiers:
      txnAppId = the projection and its table, txnVersion = the batch id, and the commit's
      userMetadata with the run's epoch. Each query has its own cloned session, so
@@ -50,16 +50,29 @@ TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
-def commit_batch(session: SparkSession, app_id: str, batch_id: int, write: Callable[[], None],
-                 fence: Fence, fault: str = "") -> None:
-    session.conf.set(TXN_APP_ID, app_id)
-    session.conf.set(TXN_VERSION, str(batch_id))
-    session.conf.set(USER_METADATA, json.dumps({"app_id": app_id, "batch": batch_id, "epoch": fence.epoch}))
-    try:
-        crash_point("before_delta_commit", fault)
-        fence.check()
-        write()
-        crash_point("after_delta_commit", fault)
-    finally:
-        for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
-            session.conf.unset(key)
+class BatchCommit:
+    """Every Delta commit of one batch of one projection.
+
+    One per batch (sync/streaming/batch.py makes it); `commit(write, part)` runs the
+    steps above with txnAppId `<projection>` or `<projection>:<part>` (one per table, so
+    each table's commit is skipped or applied on its own) and txnVersion = the batch id.
+    """
+
+    def __init__(self, session: SparkSession, projection: str, batch_id: int, fence: Fence, fault: str = ""):
+        self.spark, self.projection, self.batch_id = session, projection, batch_id
+        self.fence, self.fault = fence, fault
+
+    def __call__(self, write: Callable[[], None], part: str = "") -> None:
+        app_id = f"{self.projection}:{part}" if part else self.projection
+        conf = self.spark.conf
+        conf.set(TXN_APP_ID, app_id)  # step 1
+        conf.set(TXN_VERSION, str(self.batch_id))
+        conf.set(USER_METADATA, json.dumps({"app_id": app_id, "batch": self.batch_id, "epoch": self.fence.epoch}))
+        try:
+            crash_point("before_delta_commit", self.fault)  # step 2
+            self.fence.check()  # step 3
+            write()  # step 4
+            crash_point("after_delta_commit", self.fault)  # step 5
+        finally:
+            for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):  # step 6
+                conf.unset(key)

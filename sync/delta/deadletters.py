@@ -12,12 +12,14 @@ txnAppId `<projection>:dead_letters` and the batch id: a replayed batch adds not
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+from typing import NamedTuple
+
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from sync.delta import catalog
 from sync.config import Settings
-from sync.delta.commit import Fence, commit_batch
+from sync.delta import catalog
+from sync.delta.commit import BatchCommit
 from sync.delta.merge import ensure_table
 
 SCHEMA = ("projection string, `table` string, topic string, `partition` int, `offset` bigint, "
@@ -29,24 +31,31 @@ def path(settings: Settings, projection: str) -> str:
     return str(catalog.root(settings, projection) / "dead_letters")
 
 
-def write(spark: SparkSession, settings: Settings, projection: str, batch_id: int,
-          records: DataFrame, errors: list[tuple[str, int, int, str, str]], fence: Fence) -> int:
-    """Append the records named in `errors` as (topic, partition, offset, table, error).
+class DeadLetter(NamedTuple):
+    """One record set aside: where it is in Kafka, the table it was for, and why."""
 
-    `records` is the batch as Kafka gave it (key, value, topic, partition, offset).
-    Returns how many rows were written.
-    """
-    if not errors:
+    topic: str
+    partition: int
+    offset: int
+    table: str
+    error: str
+
+
+def write(commit: BatchCommit, settings: Settings, records: DataFrame, letters: list[DeadLetter]) -> int:
+    """Append the records `letters` name, in the batch's commit (txnAppId
+    `<projection>:dead_letters`). `records` is the batch as Kafka gave it (key, value,
+    topic, partition, offset). Returns how many rows were written."""
+    if not letters:
         return 0
-    named = spark.createDataFrame(errors, "topic string, `partition` int, `offset` bigint, "
-                                          "`table` string, error string")
+    spark = commit.spark
+    named = spark.createDataFrame(letters, "topic string, `partition` int, `offset` bigint, "
+                                           "`table` string, error string")
     rows = (records.select("key", "value", "topic", "partition", "offset")
             .join(named, ["topic", "partition", "offset"])
-            .select(F.lit(projection).alias("projection"), "table", "topic", "partition", "offset",
-                    "key", "value", "error", F.lit(batch_id).cast("bigint").alias("batch_id"),
+            .select(F.lit(commit.projection).alias("projection"), "table", "topic", "partition", "offset",
+                    "key", "value", "error", F.lit(commit.batch_id).cast("bigint").alias("batch_id"),
                     F.current_timestamp().alias("failed_at")))
-    target = path(settings, projection)
+    target = path(settings, commit.projection)
     ensure_table(spark, target, SCHEMA, {"delta.appendOnly": "true"})
-    commit_batch(spark, f"{projection}:dead_letters", batch_id,
-                 lambda: rows.write.format("delta").mode("append").save(target), fence)
-    return len(errors)
+    commit(lambda: rows.write.format("delta").mode("append").save(target), "dead_letters")
+    return len(letters)

@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sync.cdc.decode import PROVENANCE, UNCHANGED
-from sync.cdc.ordering import newer_than
+from sync.cdc.ordering import later, newer_than, newer_than_literal
 
 TABLE_PROPERTIES = {
     # MERGE marks deleted rows instead of rewriting files: cost follows the batch.
@@ -86,8 +86,7 @@ def still_applicable(changes: DataFrame, keys: list[str], truncated_at: tuple[in
         dead = (tombstones.groupBy(*keys).agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("_dead"))
                 .select(*keys, F.col("_dead._commit_lsn").alias("_dead_commit_lsn"),
                         F.col("_dead._lsn").alias("_dead_lsn")))
-        older = (F.col("_commit_lsn") < F.col("_dead_commit_lsn")) | (
-            (F.col("_commit_lsn") == F.col("_dead_commit_lsn")) & (F.col("_lsn") < F.col("_dead_lsn")))
+        older = F.expr(later(("_dead_commit_lsn", "_dead_lsn"), ("_commit_lsn", "_lsn")))
         rows = (rows.join(dead, keys, "left").where(F.col("_dead_lsn").isNull() | ~older)
                 .drop("_dead_commit_lsn", "_dead_lsn"))
     return rows
@@ -132,11 +131,3 @@ def record_tombstones(path: str, latest: DataFrame, keys: list[str]) -> None:
     """Step 4: append a tombstone for every key whose latest change in the batch deletes it."""
     (latest.where("_op = 'd'").select(*keys, *TOMBSTONE_COLUMNS)
      .write.format("delta").mode("append").save(path))
-
-
-def newer_than_literal(position, side: str = "") -> str:
-    """Predicate: the row is later than a literal (commit LSN, change LSN) position."""
-    prefix = f"{side}." if side else ""
-    commit, lsn = int(position[0]), int(position[1])
-    return (f"({prefix}_commit_lsn > {commit} OR "
-            f"({prefix}_commit_lsn = {commit} AND {prefix}_lsn > {lsn}))")

@@ -33,9 +33,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sync.cdc.decode import convert
-from sync.cdc.ordering import position_columns
+from sync.cdc.ordering import newer_than_literal, position_columns
 from sync.cdc.types import ColumnType
-from sync.delta.merge import ensure_table, newer_than_literal, table_properties
+from sync.delta.merge import ensure_table, table_properties
 
 BACKFILL_PROPERTY = "lakesync.backfill"
 TYPE_WIDENING_PROPERTY = "delta.enableTypeWidening"

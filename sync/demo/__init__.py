@@ -17,10 +17,10 @@ import psycopg
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from sync.demo import bank
 from sync import config, stack
 from sync.config import ROLES, Settings
-from sync.commands.runner import start_background
+from sync.demo import bank
+from sync.stack.background import start_background
 
 TIERS = ["bronze", "silver", "gold", "platinum"]
 STATUSES = ["placed", "paid", "shipped", "delivered", "cancelled"]

@@ -15,6 +15,7 @@ from typing import Callable
 
 from sync.stack import migrate
 from sync.config import ADMIN_ROLE, ROLES, Settings, read_secrets
+from sync.stack.background import reap_orphaned_jvm, stop_background
 from sync.stack.connect import Connect
 from sync.stack.kafka import Kafka
 from sync.stack.opensearch import OpenSearch
@@ -66,8 +67,6 @@ def connect_external(settings: Settings, say: Callable[[str], None] = print) -> 
 
 
 def down(settings: Settings, say: Callable[[str], None] = print) -> None:
-    from sync.commands.runner import reap_orphaned_jvm, stop_background  # (sync.runner imports this package)
-
     if stop_background(settings, timeout=60):
         say("  runner               stopped")
     settings.runner_pidfile.unlink(missing_ok=True)

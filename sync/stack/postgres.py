@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 
 from sync.config import ADMIN_ROLE, Settings, read_secrets
-from sync.errors import StackError
+from sync.errors import ServiceUnavailable, StackError
 from sync.stack.process import as_user, port_open, require_free, service_user, wait_until
 
 SERVER_SETTINGS = {
@@ -29,6 +29,15 @@ SERVER_SETTINGS = {
     "timezone": "UTC",
     "log_min_messages": "warning",
 }
+
+
+def pg_connect(settings: Settings, **kwargs) -> psycopg.Connection:
+    """A connection to the source database (ours or the team's own); unreachable: one line."""
+    try:
+        return psycopg.connect(settings.pg_dsn, connect_timeout=5, **kwargs)
+    except psycopg.OperationalError as error:
+        reason = str(error).strip().splitlines()[-1] if str(error).strip() else "unreachable"
+        raise ServiceUnavailable(f"Postgres is unreachable at {settings.pg_host}:{settings.pg_port}: {reason}") from None
 
 
 def binaries() -> Path:

@@ -30,6 +30,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from sync.config import Settings
 from sync.errors import LakesyncError
+from sync.projection import Projection
+from sync.streaming.offsets import input_ends, processed
 
 SAMPLE_SECONDS = 5.0
 KEPT_SAMPLES = 720  # an hour of samples: freshness beyond that reads as "at least an hour"
@@ -77,25 +79,22 @@ def freshness(samples, done: dict, now: float) -> float:
 class Sampler(threading.Thread):
     """Every SAMPLE_SECONDS: each projection's input end offsets and checkpoint position."""
 
-    def __init__(self, settings: Settings, projections):
+    def __init__(self, settings: Settings, projections: list[Projection]):
         super().__init__(name="lakesync-metrics", daemon=True)
         self.settings, self.projections = settings, projections
-        self.samples = {p.NAME: collections.deque(maxlen=KEPT_SAMPLES) for p in projections}
+        self.samples = {p.name: collections.deque(maxlen=KEPT_SAMPLES) for p in projections}
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        from sync.commands.freshness import input_ends, processed
-
         while not self.stopped.is_set():
             try:
                 for projection in self.projections:
                     now = time.time()
                     ends, done = input_ends(self.settings, projection), processed(self.settings, projection)
-                    self.samples[projection.NAME].append((now, ends))
-                    unit = "records" if projection.TOPIC_PATTERN is not None else "table_versions"
-                    LAG.labels(projection.NAME, unit).set(
+                    self.samples[projection.name].append((now, ends))
+                    LAG.labels(projection.name, projection.source(self.settings).unit).set(
                         sum(max(0, end - done.get(part, 0)) for part, end in ends.items()))
-                    FRESHNESS.labels(projection.NAME).set(freshness(self.samples[projection.NAME], done, now))
+                    FRESHNESS.labels(projection.name).set(freshness(self.samples[projection.name], done, now))
                 UP.set(1)
             except Exception as error:  # Kafka restarting, a checkpoint file being replaced:
                 UP.set(0)               # the next sample tries again; the sampler never dies
@@ -103,7 +102,7 @@ class Sampler(threading.Thread):
             self.stopped.wait(SAMPLE_SECONDS)
 
 
-def serve(settings: Settings, projections) -> Sampler | None:
+def serve(settings: Settings, projections: list[Projection]) -> Sampler | None:
     """Start the endpoint (http://127.0.0.1:<port>/metrics) and the sampler; None when off."""
     if not settings.metrics_port:
         return None

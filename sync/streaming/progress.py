@@ -7,14 +7,26 @@ each batch's commits, so a reader never sees half of it.
 
 from __future__ import annotations
 
-import json
-import os
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-from sync.delta import catalog
-from sync.streaming import metrics
 from sync.config import Settings
+from sync.delta import catalog
+from sync.files import read_json, write_json_atomically
+from sync.streaming import metrics
+
+
+@dataclass
+class Outcome:
+    """What one batch did, per table (keyed as `status` shows the table: the target's
+    name after its first dot, or the projection's name)."""
+
+    applied: dict[str, int]                                        # rows the table's commits changed
+    dead_letters: dict[str, int] = field(default_factory=dict)     # records set aside
+    stopped: dict[str, str] = field(default_factory=dict)          # mirrors stopped, and why
+    late_events: dict[str, int] = field(default_factory=dict)      # event time: late events held now
+    watermarks: dict[str, str] = field(default_factory=dict)       # event time: each stream's watermark
 
 
 class Progress:
@@ -23,48 +35,37 @@ class Progress:
         self.path = catalog.progress_file(settings, projection)
         self.state: dict[str, Any] = read(settings, projection)
 
-    def record(self, batch_id: int, applied_by_table: dict[str, int], started: float,
-               dead_letters_by_table: dict[str, int] | None = None,
-               stopped_by_table: dict[str, str] | None = None,
-               step_seconds: dict[str, float] | None = None,
-               late_events_by_table: dict[str, int] | None = None,
-               watermarks: dict[str, str] | None = None) -> None:
+    def record(self, batch_id: int, outcome: Outcome, started: float, step_seconds: dict[str, float]) -> None:
         """After a batch: rows applied, dead letters written and stopped mirrors, per
         table (a table that applied again is no longer stopped); the seconds each step
         took, for a projection that measures its steps; for event time, how many late
         events a table holds now and each stream's watermark."""
         tables = self.state.setdefault("tables", {})
-        for table, rows in applied_by_table.items():
+        for table, rows in outcome.applied.items():
             entry = tables.setdefault(table, {"rows_applied": 0})
             entry["rows_applied"] += rows
             entry["last_batch_at"] = time.time()
             entry["last_batch_rows"] = rows
             entry.pop("stopped", None)
-        for table, count in (dead_letters_by_table or {}).items():
+        for table, count in outcome.dead_letters.items():
             entry = tables.setdefault(table, {"rows_applied": 0})
             entry["dead_letters"] = entry.get("dead_letters", 0) + count
-        for table, count in (late_events_by_table or {}).items():
+        for table, count in outcome.late_events.items():
             tables.setdefault(table, {"rows_applied": 0})["late_events"] = count
-        if watermarks:
-            self.state["watermarks"] = watermarks
-        for table, reason in (stopped_by_table or {}).items():
+        if outcome.watermarks:
+            self.state["watermarks"] = outcome.watermarks
+        for table, reason in outcome.stopped.items():
             tables.setdefault(table, {"rows_applied": 0})["stopped"] = reason
         self.state.update(batch_id=batch_id, last_batch_at=time.time(),
                           last_batch_seconds=round(time.time() - started, 3))
         if step_seconds:
             self.state["last_batch_steps"] = step_seconds
-        metrics.observe_batch(self.projection, time.time() - started, applied_by_table, dead_letters_by_table or {})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state))
-        os.replace(tmp, self.path)
+        metrics.observe_batch(self.projection, time.time() - started, outcome.applied, outcome.dead_letters)
+        write_json_atomically(self.path, self.state)
 
 
 def read(settings: Settings, projection: str) -> dict[str, Any]:
-    try:
-        return json.loads(catalog.progress_file(settings, projection).read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json(catalog.progress_file(settings, projection), {})
 
 
 class Steps:

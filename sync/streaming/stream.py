@@ -6,8 +6,6 @@ foreachBatch function that commits idempotently (sync/delta/commit.py).
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from typing import Callable
 
@@ -17,18 +15,20 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sync.delta import catalog
 from sync.config import Settings
+from sync.files import read_json, write_json_atomically
+from sync.projection import KafkaTopics
 
 
-def read_topics(spark: SparkSession, settings: Settings, pattern: str, headers: bool = False) -> DataFrame:
-    """Every topic matching `pattern` (new ones too), from offset zero on first start."""
+def read_topics(spark: SparkSession, settings: Settings, topics: KafkaTopics) -> DataFrame:
+    """Every topic matching the pattern (new ones too), from offset zero on first start."""
     return (spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
-            .option("subscribePattern", pattern)
+            .option("subscribePattern", topics.pattern)
             # Connect writes in transactions (exactly-once source): read only what committed.
             .option("kafka.isolation.level", "read_committed")
             .option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
-            .option("includeHeaders", str(headers).lower())
+            .option("includeHeaders", str(topics.headers).lower())
             .load())
 
 
@@ -54,18 +54,13 @@ def note_start_offsets(settings: Settings, offsets: dict[tuple[str, int], int]) 
     noted: dict[str, dict[str, int]] = {}
     for (topic, partition), offset in offsets.items():
         noted.setdefault(topic, {})[str(partition)] = offset
-    path = _resnapshot_file(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"at": time.time(), "offsets": noted}))
-    os.replace(tmp, path)
+    write_json_atomically(_resnapshot_file(settings), {"at": time.time(), "offsets": noted})
 
 
 def start_offsets(settings: Settings) -> dict[tuple[str, int], int]:
     """The offsets noted by the last resnapshot (empty if there was none)."""
-    try:
-        noted = json.loads(_resnapshot_file(settings).read_text())
-    except (OSError, ValueError):
+    noted = read_json(_resnapshot_file(settings))
+    if not noted:
         return {}
     return {(topic, int(partition)): int(offset)
             for topic, partitions in noted["offsets"].items() for partition, offset in partitions.items()}

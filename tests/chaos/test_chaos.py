@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from sync.demo import bank
 from sync import config
-from sync.commands.runner import start_background
+from sync.stack.background import start_background
 from sync.stack import Connect, Kafka, Postgres
 from sync.stack.process import pid_alive, read_pid, wait_until
 from tests.e2e.conftest import lakesync

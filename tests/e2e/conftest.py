@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from sync import config
-from sync.commands.runner import start_background
+from sync.stack.background import start_background
 from sync.stack.process import read_pid, wait_until
 from sync.commands.verify import verify
 

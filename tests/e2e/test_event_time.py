@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from projections.event_time import projection as event_time
+from projections.event_time import tables as event_time
 from sync.demo import bank
 from sync import config
 from tests.e2e.conftest import lakesync

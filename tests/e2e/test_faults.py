@@ -18,7 +18,7 @@ import pytest
 from projections import changelog, mirrors
 from sync.delta import fencing
 from sync.delta.fencing import latest_epoch
-from sync.commands.runner import start_background, stop_background
+from sync.stack.background import start_background, stop_background
 from tests.e2e.conftest import lakesync, start_runner
 
 pytestmark = pytest.mark.e2e

@@ -124,7 +124,7 @@ def test_the_ledger_rebuilt_from_offset_zero_has_identical_chain_heads(stack, ba
     live = audit.heads(audit.load(ledger.ledger_path(stack)))
     rebuilt = dataclasses.replace(stack, lake=tmp_path / "lake")
     fence = fencing.take(spark, rebuilt, ledger.NAME, [])
-    ledger.start(spark, rebuilt, True, fence).awaitTermination()
+    ledger.PROJECTION.start(spark, rebuilt, True, fence).awaitTermination()
     assert audit.heads(audit.load(ledger.ledger_path(rebuilt))) == live
 
 

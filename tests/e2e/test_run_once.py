@@ -6,7 +6,7 @@ again at the end, so the checkpoint is also shown to resume where it stopped.
 
 import pytest
 
-from sync.commands.runner import start_background, stop_background
+from sync.stack.background import start_background, stop_background
 from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from sync.config import CONNECTOR_NAME, SLOT
-from sync.commands.runner import start_background
+from sync.stack.background import start_background
 from sync.stack.connect import connector_status, rest
 from tests.e2e.conftest import lakesync
 

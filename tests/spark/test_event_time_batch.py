@@ -14,7 +14,9 @@ from decimal import Decimal
 
 import pytest
 
-from projections.event_time import projection as event_time
+from projections.event_time import oracle, tables as event_time
+from projections.event_time.batch import EventTimeBatch
+from projections.event_time.projection import PROJECTION as EVENT_TIME
 from projections.changelog import SCHEMA as CHANGELOG_SCHEMA, changelog_path
 from sync import config
 from sync.streaming import progress
@@ -72,7 +74,7 @@ def settings(tmp_path, spark):
 
 
 def new_run(spark, settings):
-    return event_time.EventTimeBatch(settings, fencing.take(spark, settings, event_time.NAME, []))
+    return EventTimeBatch(settings, fencing.take(spark, settings, event_time.NAME, []))
 
 
 def run(spark, settings, batches, first_id=0, runner=None):
@@ -198,8 +200,8 @@ def test_any_batch_boundaries_give_the_same_tables_and_check_agrees(spark, setti
     run(spark, settings, [events])
     whole = contents(spark, settings)
     assert len(whole["inputs"]) == len(events) and whole["late_events"]
-    for target in event_time.targets(settings):
-        report = event_time.check(settings, spark, None, target)
+    for target in EVENT_TIME.targets(settings):
+        report = oracle.check(settings, spark, target)
         assert report.differences == 0, json.dumps([target.name, report.sample], indent=1, default=str)
         assert report.source_rows > 0
     rng = random.Random(8)

@@ -27,10 +27,10 @@ def test_generation_zero_is_the_lake_itself(settings):
 def test_a_rebuild_writes_its_generation_and_reads_the_rest_through_the_catalog(settings):
     shadow = catalog.building(settings, "views", 1)
     folder = settings.lake / "_generations" / "views" / "1"
-    assert Path(views.targets(shadow)[0].table).parent == folder
+    assert Path(views.PROJECTION.targets(shadow)[0].table).parent == folder
     assert catalog.checkpoint(shadow, "views") == folder / "_checkpoints" / "views"
     # Its inputs are the live ones, and it pushes nothing to the live search index.
-    assert views.inputs(shadow) == views.inputs(settings)
+    assert views.PROJECTION.source(shadow) == views.PROJECTION.source(settings)
     assert shadow.search_url == "" and shadow.metrics_port == 0
 
 
@@ -44,14 +44,14 @@ def test_swap_repoints_every_reader_and_retire_removes_only_that_projections_par
     old = catalog.swap(settings, "mirrors", 1, folder)
     assert old["generation"] == 0
     assert mirrors.mirror_path(settings, "orders") == folder / "mirrors" / "orders"
-    catalog.retire(settings, mirrors, old)
+    catalog.retire(settings, mirrors.PROJECTION, old)
     gone = ["mirrors/orders", "tombstones", "_checkpoints/mirrors", "_fencing/mirrors", "_progress/mirrors.json"]
     assert not any((settings.lake / part).exists() for part in gone)
     assert (settings.lake / "changelog" / "_delta_log").is_dir() and (settings.lake / "_checkpoints" / "changelog").is_dir()
     # A later generation is one directory of its own: retiring it removes all of it.
     (folder / "mirrors").mkdir(parents=True)
     newer = catalog.root(catalog.building(settings, "mirrors", 2), "mirrors")
-    catalog.retire(settings, mirrors, catalog.swap(settings, "mirrors", 2, newer))
+    catalog.retire(settings, mirrors.PROJECTION, catalog.swap(settings, "mirrors", 2, newer))
     assert not folder.exists() and catalog.entry(settings, "mirrors")["generation"] == 2
 
 
@@ -63,7 +63,7 @@ def test_swap_repoints_every_reader_and_retire_removes_only_that_projections_par
                                              ("join.order_payments", "event_time"), ("late.event_time", "event_time"),
                                              ("event_time.inputs", "event_time")])
 def test_rebuild_takes_a_projection_or_one_of_its_targets(name, projection):
-    assert projection_of(name).NAME == projection
+    assert projection_of(name).name == projection
 
 
 @pytest.mark.parametrize("name,message", [("changelog", "bronze record"), ("orders", "no projection or target")])

@@ -1,7 +1,6 @@
 """Source positions order changes; wall-clock time never does."""
 
-from sync.cdc.ordering import newer_than, parse_sequence
-from sync.delta.merge import newer_than_literal
+from sync.cdc.ordering import newer_than, newer_than_literal, parse_sequence
 
 
 def test_parse_sequence():

@@ -3,8 +3,8 @@
 import datetime as dt
 from decimal import Decimal
 
-from projections import Target
-from sync.commands.verify import canonical, compare
+from sync.compare import canonical, compare
+from sync.projection import Target
 
 TARGET = Target(name="mirror.t", kind="mirror", table="/nowhere")
 COLUMNS = ["id", "price", "at", "doc"]

@@ -1,0 +1,304 @@
+"""Event time's streaming batch: the steps of the projection's docstring
+(projections/event_time/projection.py), in order."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from projections.changelog import changelog_path
+from projections.event_time import rules as eventtime
+from projections.event_time.tables import (COMMERCE_STREAM, CUSTOMER_WAIT_SECONDS, HOURLY, INPUTS, LATE, LEDGER,
+                                           MISSING, NAME, ORDERS, POSITION, SESSIONS, SETTING_PROPERTIES, SLIDING,
+                                           STATE_KEY, VIEWS, View, commerce_event, path, position_of)
+from sync.config import Settings
+from sync.delta.commit import BatchCommit
+from sync.delta.deadletters import DeadLetter, write as write_dead_letters
+from sync.delta.fencing import Fence
+from sync.delta.merge import ensure_table, merge_metrics, table_properties
+from sync.errors import LakesyncError
+from sync.streaming.batch import Batch
+from sync.streaming.progress import Outcome, Steps
+
+
+class CustomersBehind(LakesyncError):
+    exit_code = 1
+
+
+class SettingsChanged(LakesyncError):
+    """The tables were built with another watermark delay or allowed lateness."""
+
+
+
+class EventTimeBatch(Batch):
+    """The steps of the projection's docstring, in order."""
+
+    def __init__(self, settings: Settings, fence: Fence):
+        super().__init__(NAME, settings, fence)
+        self.delay = timedelta(seconds=settings.watermark_delay_seconds)
+        self.lateness = timedelta(seconds=settings.allowed_lateness_seconds)
+        self.clocks: dict[str, eventtime.Clock] = {}             # read from `inputs` by `open`
+        self.customers: dict[int, int | None] = {}               # account -> customer (never changes)
+
+    # -- step 0: the tables, the settings they were built with, the clocks --
+    def open(self, spark: SparkSession) -> None:
+        self.spark = spark
+        wanted = {f"lakesync.{name}": str(getattr(self.settings, name)) for name in SETTING_PROPERTIES}
+        for view in VIEWS:
+            extra = {"delta.appendOnly": "true"} if view is INPUTS else {}
+            ensure_table(spark, path(self.settings, view.table), view.schema,
+                         {**extra, **wanted, **self.fence.properties})
+        found = table_properties(spark, path(self.settings, INPUTS.table))
+        changed = {k: found.get(k) for k in wanted if found.get(k) != wanted[k]}
+        if changed:
+            raise SettingsChanged(f"the event-time tables were built with {changed}, not {wanted}: run "
+                                  "`lakesync rebuild event_time --swap` to rebuild them with the new settings")
+        clocks = (self._read(INPUTS).groupBy("stream")
+                  .agg(F.max("event_time").alias("max_event_time"), F.max(F.struct(*POSITION)).alias("position"))
+                  .collect())
+        self.clocks = {r["stream"]: eventtime.Clock(r["max_event_time"], position_of(r["position"])) for r in clocks}
+
+    def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome | None:
+        spark = self.spark = commit.spark
+        # Step 1: read and parse.
+        rows = batch.collect()
+        if not rows:
+            return None  # a metadata-only version of an input (a fencing stamp): nothing to do
+        events, errors = [], []
+        for r in rows:
+            event = {c: None for c in INPUTS.columns}
+            event.update({c: r[c] for c in ["stream", *POSITION]})
+            if r["stream"] == LEDGER:
+                event.update(kind="posting", event_id=r["event_id"], account=r["account"], amount=r["amount"],
+                             currency=r["currency"], event_time=r["event_time"])
+            else:
+                try:
+                    event.update(commerce_event(r["table"], r["after"]))
+                except ValueError as error:
+                    errors.append(DeadLetter(r["_topic"], r["_partition"], r["_offset"], r["table"], str(error)))
+                    continue
+            event["position"] = position_of(r)
+            events.append(event)
+        dead = self._dead_letters(commit, batch, errors)
+        steps.done("read")
+        # Step 2: replays keep their stamps; of two rows with one event id, the first counts.
+        first: dict[tuple, dict] = {}
+        for e in sorted(events, key=lambda e: e["position"]):
+            first.setdefault((e["stream"], e["event_id"]), e)
+        known = self._stored_stamps(list(first.values()))
+        new = [e for key, e in first.items() if key not in known]
+        steps.done("replays")
+        # Step 3: customers of the new postings.
+        self._resolve_customers(spark, {e["account"] for e in new if e["stream"] == LEDGER})
+        for e in new:
+            if e["stream"] == LEDGER:
+                e["customer_id"] = self.customers[e["account"]]
+        steps.done("customers")
+        # Step 4: stamp and append.
+        stamped, clocks = [], dict(self.clocks)
+        for stream in (LEDGER, COMMERCE_STREAM):
+            mine = [e for e in new if e["stream"] == stream]
+            if mine:
+                done, clocks[stream] = eventtime.stamp(mine, clocks.get(stream), self.delay,
+                                                       lambda position, s=stream: self._max_before(s, position))
+                stamped += done
+        applied = {INPUTS.table: self._append_inputs(commit, stamped)}
+        self.clocks = clocks
+        steps.done("stamp")
+        # Steps 5 and 6: the views of the streams this batch moved, then the late events.
+        batch_events = [*known.values(), *stamped]
+        late = []
+        postings = [e for e in batch_events if e["stream"] == LEDGER]
+        if postings:
+            wm = self.clocks[LEDGER].watermark(self.delay)
+            for view, windows_of in ((HOURLY, eventtime.tumbling), (SLIDING, eventtime.sliding)):
+                applied[view.table], found = self._windows(commit, view, windows_of, postings, wm)
+                late += found
+                steps.done(view.table)
+            applied[SESSIONS.table], found = self._sessions(commit, postings, wm)
+            late += found
+            steps.done(SESSIONS.table)
+        commerce = [e for e in batch_events if e["stream"] == COMMERCE_STREAM]
+        if commerce:
+            applied[ORDERS.table], found = self._orders(commit, commerce,
+                                                        self.clocks[COMMERCE_STREAM].watermark(self.delay))
+            late += found
+            steps.done(ORDERS.table)
+        applied[LATE.table] = self._insert_late(commit, late)
+        # The late events held, counted (not summed per batch: a batch replayed after a
+        # crash between its commit and this record inserts nothing, and counts right).
+        held = {STATE_KEY[LATE.table]: self._read(LATE).count()} if late else {}
+        steps.done(LATE.table)
+        return Outcome(applied={STATE_KEY[t]: n for t, n in applied.items()},
+                       dead_letters={STATE_KEY[INPUTS.table]: dead} if dead else {}, late_events=held,
+                       watermarks={s: c.watermark(self.delay).isoformat() + "Z" for s, c in self.clocks.items()})
+
+    # -- reading what is stored --
+    def _read(self, view: View) -> DataFrame:
+        return self.spark.read.format("delta").load(path(self.settings, view.table))
+
+    def _stored_stamps(self, events: list[dict]) -> dict[tuple, dict]:
+        """The events `inputs` already holds, with their stored columns and stamps: a
+        posting at or below its clock's position (a replay), and any order or payment
+        (its id may come again: an order deleted, then inserted with the same id)."""
+        maybe = [e for e in events if e["stream"] == COMMERCE_STREAM
+                 or ((clock := self.clocks.get(e["stream"])) and e["position"] <= clock.position)]
+        if not maybe:
+            return {}
+        stored = {}  # (event ids are unique across the streams: uuids, order:N, payment:N)
+        for r in self._read(INPUTS).where(F.col("event_id").isin([e["event_id"] for e in maybe])).collect():
+            row = r.asDict()
+            row["position"] = position_of(row)
+            stored[(row["stream"], row["event_id"])] = row
+        return stored
+
+    def _max_before(self, stream: str, position: tuple) -> datetime | None:
+        """The greatest stored event time of `stream` before `position` (for an event that
+        arrived after a later one: see projections/event_time/rules.stamp)."""
+        before = None
+        for n in reversed(range(len(POSITION))):  # lexicographic, last part first
+            column, value = F.coalesce(F.col(POSITION[n]), F.lit(MISSING[n])), F.lit(position[n])
+            before = column < value if before is None else (column < value) | ((column == value) & before)
+        return self._read(INPUTS).where((F.col("stream") == stream) & before).agg(F.max("event_time")).first()[0]
+
+    def _resolve_customers(self, spark: SparkSession, accounts: set[int]) -> None:
+        """Step 3: each account's customer from its first row in the changelog, waiting
+        for the changelog to hold it (the ledger and the changelog are fed by separate
+        queries; an account is created before its first posting)."""
+        missing = accounts - set(self.customers)
+        deadline = time.monotonic() + CUSTOMER_WAIT_SECONDS
+        while missing:
+            account_id = F.get_json_object("key", "$.id").cast("bigint")
+            found = (spark.read.format("delta").load(changelog_path(self.settings))
+                     .where((F.col("table") == "public.accounts") & F.col("after").isNotNull())
+                     .where(account_id.isin(sorted(missing)))
+                     .groupBy(account_id.alias("account"))
+                     .agg(F.min_by(F.get_json_object("after", "$.customer_id").cast("bigint"),
+                                   F.struct("_commit_lsn", "_lsn")).alias("customer_id"))
+                     .collect())
+            self.customers.update({r["account"]: r["customer_id"] for r in found})
+            missing -= {r["account"] for r in found}
+            if missing and time.monotonic() > deadline:
+                raise CustomersBehind(f"the changelog has no row of accounts {sorted(missing)[:10]} after "
+                                      f"{CUSTOMER_WAIT_SECONDS} s; event time waits for it")
+            if missing:
+                self.fence.check()
+                time.sleep(0.25)
+
+    # -- writing --
+    def _frame(self, spark: SparkSession, view: View, rows: list[dict]) -> DataFrame:
+        now = datetime.now(timezone.utc)
+        return spark.createDataFrame([tuple(r.get(c) for c in view.columns) + (now,) for r in rows], view.schema)
+
+    def _dead_letters(self, commit: BatchCommit, batch: DataFrame, errors: list[DeadLetter]) -> int:
+        if not errors:
+            return 0
+        records = batch.where(F.col("stream") == COMMERCE_STREAM).select(
+            F.col("key").cast("binary").alias("key"), F.col("after").cast("binary").alias("value"),
+            F.col("_topic").alias("topic"), F.col("_partition").alias("partition"),
+            F.col("_offset").alias("offset"))
+        return write_dead_letters(commit, self.settings, records, errors)
+
+    def _append_inputs(self, commit: BatchCommit, stamped: list[dict]) -> int:
+        if not stamped:
+            return 0
+        frame = self._frame(commit.spark, INPUTS, stamped)
+        commit(lambda: frame.write.format("delta").mode("append").save(path(self.settings, INPUTS.table)),
+               INPUTS.table)
+        return len(stamped)
+
+    def _merge(self, commit: BatchCommit, view: View, rows: list[dict], watermark: datetime,
+               replaced: str | None = None, swept: dict[str, str] | None = None) -> int:
+        """MERGE recomputed rows: update what differs, insert what is new, delete stored
+        rows `replaced` selects that the recompute no longer has, and sweep: stored early
+        rows whose end the watermark has passed become final."""
+        spark = commit.spark
+        source = self._frame(spark, view, rows)
+        on = " AND ".join(f"t.{k} = s.{k}" for k in view.keys)
+        compared = [c for c in view.columns if c not in view.keys]
+        differs = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in compared)
+        mark = f"timestamp'{watermark.isoformat(sep=' ')}'"
+        builder = (DeltaTable.forPath(spark, path(self.settings, view.table)).alias("t").merge(source.alias("s"), on)
+                   .whenMatchedUpdate(condition=differs, set={c: f"s.{c}" for c in [*compared, "_applied_at"]})
+                   .whenNotMatchedInsertAll())
+        if replaced:
+            builder = builder.whenNotMatchedBySourceDelete(condition=replaced)
+        builder = builder.whenNotMatchedBySourceUpdate(
+            condition=f"t.emission = '{eventtime.EARLY}' AND t.{view.end} <= {mark}",
+            set={"emission": f"'{eventtime.FINAL}'", "_applied_at": "current_timestamp()", **(swept or {})})
+        metrics = {}
+        commit(lambda: metrics.update(merge_metrics(builder.execute())), view.table)
+        return int(metrics.get("num_affected_rows", 0))
+
+    def _windows(self, commit: BatchCommit, view: View, windows_of, postings: list[dict], watermark: datetime):
+        """Step 5 for a windowed view: the windows the batch's postings fall in,
+        recomputed from every stored posting of their accounts in their time range."""
+        wanted = {(e["account"], start) for e in postings for start, _ in windows_of(e["event_time"])}
+        low = min(start for _, start in wanted)
+        high = max(end for e in postings for _, end in windows_of(e["event_time"]))
+        stored = (self._read(INPUTS).where((F.col("stream") == LEDGER)
+                                           & F.col("account").isin(sorted({a for a, _ in wanted}))
+                                           & (F.col("event_time") >= F.lit(low)) & (F.col("event_time") < F.lit(high)))
+                  .collect())
+        rows, late = eventtime.window_rows((r.asDict() for r in stored), windows_of, watermark, self.lateness)
+        rows = [row for key, row in rows.items() if key in wanted]
+        return self._merge(commit, view, rows, watermark), [dict(r, view=view.table) for r in late]
+
+    def _sessions(self, commit: BatchCommit, postings: list[dict], watermark: datetime):
+        """Step 5 for sessions: every session of the customers the batch's postings
+        belong to, recomputed; a stored session a bridging posting merged is deleted."""
+        customers = sorted({e["customer_id"] for e in postings if e["customer_id"] is not None})
+        rows, late = [], []
+        if customers:
+            stored = self._read(INPUTS).where((F.col("stream") == LEDGER) & F.col("customer_id").isin(customers))
+            by_customer: dict[int, list[dict]] = {}
+            for r in stored.collect():
+                entry = r.asDict()
+                entry["position"] = position_of(entry)
+                by_customer.setdefault(entry["customer_id"], []).append(entry)
+            for entries in by_customer.values():
+                found, gone = eventtime.session_rows(entries, eventtime.SESSION_GAP, watermark, self.lateness)
+                rows += found
+                late += [dict(r, view=SESSIONS.table) for r in gone]
+        replaced = f"t.customer_id IN ({', '.join(map(str, customers))})" if customers else None
+        return self._merge(commit, SESSIONS, rows, watermark, replaced=replaced), late
+
+    def _orders(self, commit: BatchCommit, events: list[dict], watermark: datetime):
+        """Step 5 for the join: the orders of the batch's orders and payments, each
+        recomputed from its stored order and payment events."""
+        order_ids = sorted({e["order_id"] for e in events})
+        stored: dict[int, dict] = {}
+        payments: dict[int, list[dict]] = {}
+        for r in self._read(INPUTS).where((F.col("stream") == COMMERCE_STREAM)
+                                          & F.col("order_id").isin(order_ids)).collect():
+            if r["kind"] == "order_placed":
+                stored[r["order_id"]] = r.asDict()
+            else:
+                payments.setdefault(r["order_id"], []).append(r.asDict())
+        rows, late = [], []
+        for order_id, order in stored.items():  # (a payment of an order placed before a resnapshot: no order)
+            row, gone = eventtime.order_row(order, payments.get(order_id, []), watermark, self.lateness)
+            rows += [row] if row else []
+            late += [dict(r, view=ORDERS.table) for r in gone]
+        swept = {"payment_status": f"CASE WHEN t.payment_status = '{eventtime.PENDING}' THEN '{eventtime.UNPAID}' "
+                                   "ELSE t.payment_status END"}
+        return self._merge(commit, ORDERS, rows, watermark, swept=swept), late
+
+    def _insert_late(self, commit: BatchCommit, late: list[dict]) -> int:
+        """Step 6: insert-only, so a late pair found again (a replay, a recompute) stays
+        one row; returns how many were new."""
+        if not late:
+            return 0
+        spark = commit.spark
+        source = self._frame(spark, LATE, late)
+        on = " AND ".join(f"t.{k} = s.{k}" for k in LATE.keys)
+        metrics = {}
+        builder = (DeltaTable.forPath(spark, path(self.settings, LATE.table)).alias("t")
+                   .merge(source.alias("s"), on).whenNotMatchedInsertAll())
+        commit(lambda: metrics.update(merge_metrics(builder.execute())), LATE.table)
+        return int(metrics.get("num_inserted_rows", 0))
+

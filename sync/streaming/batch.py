@@ -1,0 +1,55 @@
+"""The foreachBatch function every projection's query runs: what each batch shares.
+
+Per micro-batch, in order:
+  1. The query's own Spark session (a clone per query, so its Delta transaction tags
+     stay there) and, once per run, `open`: the projection creates its tables and reads
+     the state it keeps on the driver.
+  2. One `BatchCommit` for all of the batch's Delta commits (sync/delta/commit.py:
+     txnAppId per table, txnVersion = the batch id, fencing, crash points), and a
+     `Steps` clock.
+  3. `apply`: the projection's own work. It returns what it did, or None when the batch
+     held nothing to apply (a metadata-only version of an input table).
+  4. The progress record `status` reads, and the runner's metrics.
+Spark commits the batch's offsets after this returns; a crash anywhere above replays the
+whole batch, and every commit of the replay is skipped or changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+
+from pyspark.sql import DataFrame, SparkSession
+
+from sync.config import Settings
+from sync.delta.commit import BatchCommit
+from sync.delta.fencing import Fence
+from sync.streaming.progress import Outcome, Progress, Steps
+
+
+class Batch(ABC):
+    """One projection's foreachBatch function (see the module docstring)."""
+
+    def __init__(self, projection: str, settings: Settings, fence: Fence):
+        self.projection, self.settings, self.fence = projection, settings, fence
+        self.progress = Progress(settings, projection)
+        self.opened = False
+
+    def open(self, spark: SparkSession) -> None:
+        """Step 1, once per run (and again after a failed first batch)."""
+
+    @abstractmethod
+    def apply(self, records: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome | None:
+        """Step 3: apply one batch, committing every Delta write through `commit`."""
+
+    def __call__(self, records: DataFrame, batch_id: int) -> None:
+        spark = records.sparkSession
+        started = time.time()
+        if not self.opened:
+            self.open(spark)
+            self.opened = True
+        commit = BatchCommit(spark, self.projection, batch_id, self.fence, self.settings.fault)
+        steps = Steps()
+        outcome = self.apply(records, commit, steps)
+        if outcome is not None:
+            self.progress.record(batch_id, outcome, started, steps.seconds)

@@ -1,0 +1,97 @@
+"""Where a streaming query stands: what its inputs hold and what its checkpoint has read.
+
+Kafka-fed queries are measured in offsets per topic partition, Delta-fed ones in
+versions per input table (as partition 0). The freshness barrier, `status`, the
+metrics sampler and `rebuild` all measure through here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from sync.config import Settings
+from sync.delta import catalog
+from sync.errors import ServiceUnavailable
+from sync.projection import KafkaTopics, Projection
+
+Offsets = dict[tuple[str, int], int]  # (topic, partition) -> next offset
+
+
+def end_offsets(settings: Settings, pattern: str) -> Offsets:
+    regex = re.compile(pattern)
+    try:
+        metadata = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(timeout=10)
+    except Exception as error:  # librdkafka raises KafkaException with a long text
+        raise ServiceUnavailable(f"Kafka is unreachable at {settings.kafka_bootstrap} ({error})") from None
+    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "lakesync-freshness",
+                         "enable.auto.commit": False})
+    try:
+        ends: Offsets = {}
+        for topic, meta in metadata.topics.items():
+            if not regex.fullmatch(topic):
+                continue
+            for partition in meta.partitions:
+                _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+                ends[(topic, partition)] = high
+        return ends
+    finally:
+        consumer.close()
+
+
+def processed_offsets(checkpoint: Path) -> Offsets:
+    """The end offsets of the last batch the query committed (from its checkpoint)."""
+    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.is_dir() else []
+    if not commits:
+        return {}
+    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
+    done: Offsets = {}
+    for line in lines[2:]:
+        for topic, partitions in json.loads(line).items():
+            for partition, offset in partitions.items():
+                done[(topic, int(partition))] = int(offset)
+    return done
+
+
+def latest_version(table: str) -> int:
+    """The latest version of a Delta table, from its log's file names (-1: no table)."""
+    log = Path(table) / "_delta_log"
+    return max((int(p.stem) for p in log.glob("[0-9]*.json")), default=-1)
+
+
+def processed_versions(checkpoint: Path, tables: list[str]) -> Offsets:
+    """For a query streaming from Delta tables (its sources in `tables` order): the next
+    version of each table it will read, from its last committed batch. Delta's offset
+    (v, index -1) means every version before v has been read."""
+    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.is_dir() else []
+    if not commits:
+        return {}
+    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()[2:]
+    done: Offsets = {}
+    for table, line in zip(tables, lines):
+        # (v, index i >= 0) means version v is read up to its file i: v is not done either.
+        offset = json.loads(line) if line.strip() not in ("", "-") else {}
+        done[(table, 0)] = int(offset.get("reservoirVersion", 0))
+    return done
+
+
+def input_ends(settings: Settings, projection: Projection) -> Offsets:
+    """What a projection has to read: per Kafka topic partition the next offset, or per
+    input Delta table (as partition 0) the next version."""
+    source = projection.source(settings)
+    if isinstance(source, KafkaTopics):
+        return end_offsets(settings, source.pattern)
+    return {(t, 0): latest_version(t) + 1 for t in source.paths if latest_version(t) >= 0}
+
+
+def processed(settings: Settings, projection: Projection) -> Offsets:
+    """What its last committed batch has read, in the same terms as `input_ends`."""
+    checkpoint = catalog.checkpoint(settings, projection.name)
+    source = projection.source(settings)
+    if isinstance(source, KafkaTopics):
+        return processed_offsets(checkpoint)
+    return processed_versions(checkpoint, list(source.paths))
