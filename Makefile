@@ -39,9 +39,12 @@ e2e: venv jars
 
 venv: $(BIN)/lakesync
 
+# setuptools: the build backend pyproject.toml names (>=68; bdist_wheel built in since 70.1),
+# so tests/unit/test_packaging.py builds the wheel offline (--no-build-isolation).
 $(BIN)/lakesync: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==25.3
+	$(BIN)/pip install --quiet setuptools==84.2.1
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@

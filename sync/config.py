@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sync.errors import LakesyncError
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Names shared by the connector config, the migrations and the projections.
@@ -39,8 +41,6 @@ def _env(name: str, default: str) -> str:
 def _seconds(name: str, default: str) -> int:
     value = _env(name, default)
     if not value.isdigit():
-        from sync.errors import LakesyncError
-
         raise LakesyncError(f"{name} must be a whole number of seconds (0 or more), not {value!r}")
     return int(value)
 
@@ -77,6 +77,8 @@ class Settings:
     # far past its end. Changing either needs `lakesync rebuild event_time`.
     watermark_delay_seconds: int = 600
     allowed_lateness_seconds: int = 3600
+    # spark.driver.memory: with a local master the driver runs every task, so Spark's whole heap.
+    spark_driver_memory: str = "3g"
     # (projection, directory) pairs overriding the catalog (sync/delta/catalog.py): a rebuild
     # writes the projection it builds there. Empty for every other command.
     roots: tuple[tuple[str, str], ...] = ()
@@ -167,6 +169,7 @@ def load() -> Settings:
         metrics_port=0 if _env("LAKESYNC_METRICS_PORT", "") == "off" else int(_env("LAKESYNC_METRICS_PORT", "19400")),
         watermark_delay_seconds=_seconds("LAKESYNC_WATERMARK_DELAY_SECONDS", "600"),
         allowed_lateness_seconds=_seconds("LAKESYNC_ALLOWED_LATENESS_SECONDS", "3600"),
+        spark_driver_memory=_env("LAKESYNC_SPARK_DRIVER_MEMORY", "3g"),
     )
     # Passwords never sit in a DSN: libpq reads them from this file (user-set wins).
     os.environ.setdefault("PGPASSFILE", str(settings.pgpass_file))

@@ -30,7 +30,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-EVENTS_TOPIC_PREFIX = "lakesync.events."  # the router's route.topic.replacement, before the type
+from sync.config import TOPIC_PREFIX
+
+EVENTS_TOPIC_PREFIX = f"{TOPIC_PREFIX}.events."  # the router's route.topic.replacement, before the type
 
 _NEXT_SEQ = text(
     "INSERT INTO outbox_sequence (aggregate_type, aggregate_id, last_seq) VALUES (:type, :id, 1) "

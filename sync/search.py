@@ -5,7 +5,7 @@ is the document's source position (any integer that grows with commit order, e.g
 commit LSN), never a wall-clock time and never a counter kept by the sink.
 
 Why `version_type=external_gte`: the index, not the sink, keeps the per-key guard of
-principle 2 (DESIGN.md section 5). OpenSearch accepts an operation only when its version
+commit order. OpenSearch accepts an operation only when its version
 is greater than or equal to the one it holds for that id, so
 
 - a replayed batch (a crash after the bulk request, before the offsets commit) re-sends

@@ -1,4 +1,4 @@
-"""Demo schema (DESIGN.md section 6), least-privilege roles, and the publication.
+"""Demo schema (docs/architecture.md), least-privilege roles, and the publication.
 
 Roles (cluster-wide, so created only if absent):
 - lakesync_app: the application; reads and writes the demo tables, nothing else.

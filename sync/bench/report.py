@@ -10,7 +10,7 @@ import os
 import platform
 from pathlib import Path
 
-# The issue's targets on two cores (issue 7), and the published anchors quoted beside ours.
+# The goals on two cores, and the published anchors quoted beside ours.
 GOALS = {
     "capture_events_per_s": (">=", 10_000, "capture (Postgres commit -> Kafka)"),
     "apply_events_per_s": (">=", 20_000, "apply into a 1M-row mirror"),
@@ -78,7 +78,7 @@ def summarise(figures: dict) -> dict:
 
 
 def markdown(result: dict) -> str:
-    """The table README quotes: each figure, its goal, and the ratios."""
+    """The table README and docs/benchmark.md quote: each figure, its goal, and the ratios."""
     def num(value, unit=""):
         if value is None:
             return "n/a"

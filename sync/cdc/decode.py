@@ -2,7 +2,7 @@
 
 One row per Kafka record in, one row per change out: the table's columns converted
 exactly (sync/cdc/types.py), plus the provenance columns every projection row carries
-(DESIGN.md section 4). Tombstones (null values, written after deletes for compaction)
+(docs/mirrors.md). Tombstones (null values, written after deletes for compaction)
 carry no change and are left out here.
 
 Unchanged TOASTed values: when an update leaves a large (TOASTed) value untouched,

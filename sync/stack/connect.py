@@ -1,20 +1,24 @@
 """Kafka Connect in distributed mode (one worker) with the Debezium Postgres connector.
 
 The worker keeps connector configs, source offsets and task status in three compacted
-topics (Connect creates them so). The connector config lives in connectors/ and is
+topics (Connect creates them so). The connector config lives in connectors/ as a template
+whose names (slot, publication, topic prefix, role, schemas) come from sync/config.py, and is
 registered with PUT /connectors/NAME/config, which creates or updates: idempotent.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
 from typing import Any
 
-from sync.config import CONNECTOR_NAME, ROOT, Settings
+from sync.config import (CAPTURED_SCHEMA, CONNECTOR_NAME, CONTROL_SCHEMA, HEARTBEAT_TABLE, PUBLICATION, ROLES,
+                         ROOT, SLOT, TOPIC_PREFIX, Settings)
 from sync.errors import ServiceUnavailable, StackError
+from sync.outbox import EVENTS_TOPIC_PREFIX
 from sync.stack import jvm
 from sync.stack.process import require_free, wait_until
 
@@ -41,18 +45,38 @@ def rest(settings: Settings, method: str, path: str, body: Any = None, timeout: 
     return json.loads(raw) if raw else None
 
 
+# ${lakesync:NAME} or ${lakesync:NAME|regex} (NAME regex-escaped, for the properties that take
+# a pattern). Connect's config providers (${file:...}) and Debezium's ${routedByValue} use
+# other prefixes and are left for them.
+PLACEHOLDER = re.compile(r"\$\{lakesync:(\w+)(\|regex)?\}")
+
+
+def connector_names() -> dict[str, str]:
+    """The names the template takes from sync/config.py (one source for each)."""
+    return {
+        "CONNECTOR_NAME": CONNECTOR_NAME, "TOPIC_PREFIX": TOPIC_PREFIX, "CAPTURED_SCHEMA": CAPTURED_SCHEMA,
+        "CONTROL_SCHEMA": CONTROL_SCHEMA, "HEARTBEAT_TABLE": HEARTBEAT_TABLE, "PUBLICATION": PUBLICATION,
+        "SLOT": SLOT, "CAPTURE_ROLE": ROLES["capture"],
+        "EVENTS_TOPIC_PREFIX": EVENTS_TOPIC_PREFIX,  # sync/outbox.py: the router's topics
+    }
+
+
 def render_connector(settings: Settings) -> tuple[str, dict[str, str]]:
     """The connector's name and config with placeholders filled and docs dropped."""
     spec = json.loads(CONNECTOR_TEMPLATE.read_text())
-    values = {"pg_host": settings.connect_pg_host, "pg_port": str(settings.connect_pg_port),
+    values = {**connector_names(),
+              # Addresses as the Connect worker sees them (another host/path in a container).
+              "pg_host": settings.connect_pg_host, "pg_port": str(settings.connect_pg_port),
               "pg_database": settings.pg_database, "secrets_file": str(settings.connect_secrets_file)}
-    config = {}
-    for key, entry in spec["config"].items():
-        value = entry["value"]
-        for name, filled in values.items():
-            value = value.replace("{{" + name + "}}", filled)
-        config[key] = value
-    return spec["name"], config
+
+    def fill(match: re.Match) -> str:
+        name, regex = match.groups()
+        if name not in values:
+            raise StackError(f"{CONNECTOR_TEMPLATE}: unknown placeholder {match.group(0)}")
+        return re.escape(values[name]) if regex else values[name]
+
+    name = PLACEHOLDER.sub(fill, spec["name"])
+    return name, {key: PLACEHOLDER.sub(fill, entry["value"]) for key, entry in spec["config"].items()}
 
 
 def connector_status(settings: Settings) -> dict[str, Any]:

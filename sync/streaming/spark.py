@@ -49,7 +49,7 @@ def session(settings: Settings, app_name: str = "lakesync"):
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.default.parallelism", "2")
-        .config("spark.driver.memory", os.environ.get("LAKESYNC_SPARK_DRIVER_MEMORY", "3g"))
+        .config("spark.driver.memory", settings.spark_driver_memory)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")

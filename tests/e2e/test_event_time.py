@@ -89,7 +89,7 @@ def spark_rows(spark, stack, view, where):
 
 
 def test_windows_watermarks_late_data_and_the_payment_join(stack, shop, spark, synced, db):
-    example = []   # the README's worked example (logs/event_time_example.txt)
+    example = []   # the worked example in docs/views-and-event-time.md (logs/event_time_example.txt)
 
     def hourly_row(note, event):
         lakesync("wait", "--timeout", "600", timeout=660, check=True)

@@ -1,4 +1,4 @@
-"""Effectively-once under faults (DESIGN.md section 5): crash points, a zombie runner,
+"""Effectively-once under faults (the crash table in sync/delta/commit.py): crash points, a zombie runner,
 and concurrent projections that never mix up their transaction ids.
 
 Each test stops the session's runner, runs runners with LAKESYNC_FAULT set under a

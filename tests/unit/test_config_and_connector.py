@@ -1,8 +1,11 @@
 """Configuration and the rendered connector config."""
 
+import json
+import re
 from pathlib import Path
 
-from sync import config
+from sync import config, outbox
+from sync.stack import connect
 from sync.streaming.spark import artifact
 from sync.stack.connect import render_connector
 
@@ -39,6 +42,67 @@ def test_connector_config_is_exact_and_keeps_the_password_out(monkeypatch, tmp_p
     assert rendered["publication.autocreate.mode"] == "disabled"
     assert rendered["topic.creation.default.cleanup.policy"] == "compact"
     assert not any("{{" in value for value in rendered.values())
+
+
+def test_connector_names_come_from_sync_config(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAKESYNC_HOME", str(tmp_path))
+    name, rendered = render_connector(config.load())
+    assert name == config.CONNECTOR_NAME
+    assert rendered["slot.name"] == config.SLOT
+    assert rendered["publication.name"] == config.PUBLICATION
+    assert rendered["topic.prefix"] == config.TOPIC_PREFIX
+    assert rendered["database.user"] == config.ROLES["capture"]
+    assert rendered["table.include.list"] == (f"{re.escape(config.CAPTURED_SCHEMA)}\\..*,"
+                                              f"{re.escape(config.HEARTBEAT_TABLE)}")
+    assert rendered["heartbeat.action.query"].startswith(f"INSERT INTO {config.HEARTBEAT_TABLE} (id, beat_at) ")
+    # The patterns match the topics they are meant for, and only those.
+    outbox_table = re.compile(rendered["predicates.isOutbox.pattern"])
+    assert outbox_table.fullmatch(f"{config.TOPIC_PREFIX}.{config.CAPTURED_SCHEMA}.outbox")
+    assert not outbox_table.fullmatch(f"{config.TOPIC_PREFIX}.{config.CAPTURED_SCHEMA}xoutbox")
+    events = re.compile(rendered["topic.creation.events.include"])
+    assert events.fullmatch(outbox.topic("account"))
+    assert not events.fullmatch(f"{config.TOPIC_PREFIX}.{config.CAPTURED_SCHEMA}.accounts")
+    # Debezium's and Connect's own ${...} are theirs to fill.
+    assert rendered["transforms.outbox.route.topic.replacement"] == outbox.EVENTS_TOPIC_PREFIX + "${routedByValue}"
+    assert rendered["database.password"].startswith("${file:")
+    assert not any("${lakesync:" in value for value in [name, *rendered.values()])
+
+
+def test_connector_template_holds_no_name_of_its_own(monkeypatch, tmp_path):
+    """Every name is a placeholder: other values in sync/config.py give another config."""
+    monkeypatch.setenv("LAKESYNC_HOME", str(tmp_path))
+    monkeypatch.setenv("LAKESYNC_PG_DSN", "postgresql://me@db.internal:6543/shop")
+    for constant in ("CONNECTOR_NAME", "TOPIC_PREFIX", "CAPTURED_SCHEMA", "CONTROL_SCHEMA", "PUBLICATION", "SLOT"):
+        monkeypatch.setattr(connect, constant, f"x{constant.lower()}")
+    monkeypatch.setattr(connect, "HEARTBEAT_TABLE", "xcontrol.xbeat")
+    monkeypatch.setattr(connect, "EVENTS_TOPIC_PREFIX", "xtopics.xevents.")
+    monkeypatch.setitem(config.ROLES, "capture", "xcapture")
+    name, rendered = render_connector(config.load())
+    assert name == "xconnector_name"
+    assert (rendered["slot.name"], rendered["publication.name"], rendered["topic.prefix"], rendered["database.user"]) \
+        == ("xslot", "xpublication", "xtopic_prefix", "xcapture")
+    assert rendered["table.include.list"] == "xcaptured_schema\\..*,xcontrol\\.xbeat"
+    assert rendered["predicates.isOutbox.pattern"] == "xtopic_prefix\\.xcaptured_schema\\.outbox"
+    assert rendered["topic.creation.events.include"] == "xtopics\\.xevents\\..*"
+    assert "INTO xcontrol.xbeat " in rendered["heartbeat.action.query"]
+    # Nothing else in the config names the project (the Java classes are ours: io.lakesync).
+    leftover = {key: value for key, value in rendered.items() if "lakesync" in value.replace("io.lakesync.", "")}
+    assert leftover == {}
+
+
+def test_connector_template_placeholders_are_all_known():
+    spec = json.loads(connect.CONNECTOR_TEMPLATE.read_text())
+    used = {m.group(1) for entry in [{"value": spec["name"]}, *spec["config"].values()]
+            for m in connect.PLACEHOLDER.finditer(entry["value"])}
+    assert used <= set(connect.connector_names()) | {"pg_host", "pg_port", "pg_database", "secrets_file"}
+    assert all("doc" in entry for entry in spec["config"].values())  # each property says why it is set
+
+
+def test_spark_settings_come_from_the_environment(monkeypatch):
+    monkeypatch.delenv("LAKESYNC_SPARK_DRIVER_MEMORY", raising=False)
+    assert config.load().spark_driver_memory == "3g"
+    monkeypatch.setenv("LAKESYNC_SPARK_DRIVER_MEMORY", "5g")
+    assert config.load().spark_driver_memory == "5g"
 
 
 def test_jar_artifact_names_ignore_versions():
