@@ -27,16 +27,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from sync.delta import catalog
 from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes
 from sync.cdc.ordering import parse_sequence
 from sync.cdc.types import ColumnType, key_columns, table_columns
 from sync.config import CAPTURED_SCHEMA, TOPIC_PREFIX, Settings
+from sync.delta import catalog, deadletters
 from sync.delta.commit import BatchCommit
-from sync.delta.deadletters import DeadLetter, write as write_dead_letters
+from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
-from sync.delta.merge import (TOMBSTONE_COLUMNS, ensure_table, latest_per_key, merge_changes,
-                              record_tombstones, still_applicable, table_properties)
+from sync.delta.merge import (TOMBSTONE_COLUMNS, ensure_table, latest_per_key, merge_changes, record_tombstones,
+                              still_applicable, table_properties)
 from sync.delta.schema import IncompatibleChange, evolve, finish_backfill
 from sync.fault import crash_point
 from sync.projection import KafkaTopics, Projection, Target
@@ -160,7 +160,7 @@ class MirrorBatch(Batch):
                 outcome.stopped[table.name] = f"mirror stopped: {error}"
                 failed = _all_records(table, outcome.stopped[table.name])
             dead.extend(failed)
-        write_dead_letters(commit, self.settings, records, dead)
+        deadletters.write(commit, self.settings, records, dead)
         steps.done("dead_letters")
         for letter in dead:
             outcome.dead_letters[letter.table] = outcome.dead_letters.get(letter.table, 0) + 1

@@ -106,7 +106,8 @@ class Projection(ABC):
         return sum(lag_by_input.values())
 
     def state_paths(self, settings: Settings) -> list[Path]:
-        """What the projection keeps besides its targets and checkpoint (a swap retires it)."""
+        """What the projection keeps besides its targets and checkpoint (a swap or a
+        resnapshot removes it with them)."""
         return []
 
     def reset(self, settings: Settings) -> None:

@@ -16,8 +16,9 @@ from projections.event_time.tables import (COMMERCE_STREAM, CUSTOMER_WAIT_SECOND
                                            MISSING, NAME, ORDERS, POSITION, SESSIONS, SETTING_PROPERTIES, SLIDING,
                                            STATE_KEY, VIEWS, View, commerce_event, path, position_of)
 from sync.config import Settings
+from sync.delta import deadletters
 from sync.delta.commit import BatchCommit
-from sync.delta.deadletters import DeadLetter, write as write_dead_letters
+from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table, merge_metrics, table_properties
 from sync.errors import LakesyncError
@@ -201,7 +202,7 @@ class EventTimeBatch(Batch):
             F.col("key").cast("binary").alias("key"), F.col("after").cast("binary").alias("value"),
             F.col("_topic").alias("topic"), F.col("_partition").alias("partition"),
             F.col("_offset").alias("offset"))
-        return write_dead_letters(commit, self.settings, records, errors)
+        return deadletters.write(commit, self.settings, records, errors)
 
     def _append_inputs(self, commit: BatchCommit, stamped: list[dict]) -> int:
         if not stamped:

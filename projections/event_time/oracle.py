@@ -11,14 +11,14 @@ from pyspark.sql import functions as F
 
 from projections.changelog import changelog_path
 from projections.event_time import rules as eventtime
-from projections.event_time.tables import (COMMERCE, COMMERCE_STREAM, HOURLY, INPUTS, LATE, LEDGER, MISSING,
-                                           ORDERS, POSITION, SESSIONS, SLIDING, VIEWS, View, path, position_of,
-                                           source)
+from projections.event_time.tables import (COMMERCE, COMMERCE_STREAM, HOURLY, INPUTS, LATE, LEDGER, MISSING, ORDERS,
+                                           POSITION, SESSIONS, SLIDING, VIEWS, View, path, position_of, source)
 from projections.ledger import ledger_path
 from sync.compare import Report, compare
 from sync.config import Settings
 from sync.projection import Target
 from sync.streaming.stream import at_or_after, start_offsets
+
 
 def check(settings: Settings, spark: SparkSession, target: Target) -> Report:
     """Streaming equals batch: the table `target` names against its recomputation."""

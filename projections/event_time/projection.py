@@ -51,7 +51,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from projections.event_time import oracle
 from projections.event_time.batch import EventTimeBatch
-from projections.event_time.tables import COMMERCE, COMMERCE_STREAM, LEDGER, NAME, KIND, POSITION, VIEWS, path, source
+from projections.event_time.tables import COMMERCE, COMMERCE_STREAM, KIND, LEDGER, NAME, POSITION, VIEWS, path, source
 from sync.compare import Report
 from sync.config import Settings
 from sync.delta.fencing import Fence

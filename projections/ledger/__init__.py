@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from sync.delta import catalog
 from sync.config import Settings
+from sync.delta import catalog
 
 AGGREGATE = "account"                # the outbox aggregate type whose events are postings
 SCALE = Decimal("0.0001")            # amounts are numeric(20,4), in Postgres and in Delta

@@ -31,9 +31,9 @@ from decimal import Decimal
 from pathlib import Path
 from urllib.parse import unquote
 
-from sync.errors import LakesyncError
-from sync.config import Settings
 from projections.ledger import balances_path, chain, ledger_path
+from sync.config import Settings
+from sync.errors import LakesyncError
 
 
 class NotALedger(LakesyncError):

@@ -48,8 +48,9 @@ from projections.ledger import AGGREGATE, MAX_AMOUNT, SCALE, audit, balances_pat
 from sync.cdc.ordering import parse_sequence
 from sync.compare import Report, compare
 from sync.config import Settings
+from sync.delta import deadletters
 from sync.delta.commit import BatchCommit
-from sync.delta.deadletters import DeadLetter, write as write_dead_letters
+from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table
 from sync.outbox import topic
@@ -214,7 +215,7 @@ class LedgerBatch(Batch):
         touched = new + recorded
         if touched:
             self._merge_balances(commit, balances, touched, applied_at)
-        dead = write_dead_letters(commit, self.settings, batch, errors)
+        dead = deadletters.write(commit, self.settings, batch, errors)
         return Outcome(applied={NAME: len(new), "balances": len({e["account"] for e in touched})},
                        dead_letters={NAME: dead} if dead else {})
 

@@ -107,9 +107,9 @@ def run(settings: Settings, events: int, rate: float, seconds: float, sizes: lis
 def _seed(settings: Settings) -> None:
     from sqlalchemy.orm import Session
 
-    from sync.demo import bank
     from sync import config, demo
     from sync.config import ROLES
+    from sync.demo import bank
 
     rng = random.Random(7)
     with demo.app_connect(settings) as conn:
@@ -311,9 +311,9 @@ def _replay_ranges(settings: Settings) -> dict:
 def _spark_figures(spark, settings: Settings, replay: dict, sizes: list[int], merge_batch: int,
                    workdir: Path, say) -> dict:
     from projections import mirrors
-    from sync.delta import catalog
-    from sync.commands import rebuild
     from sync.bench import ceiling, merge_scaling
+    from sync.commands import rebuild
+    from sync.delta import catalog
 
     top = ceiling.measure(spark, settings, replay)
     say(f"  ceiling: {top['events']:,} change events read in {top['seconds']:.1f} s ({top['events_per_s']:,}/s)")
@@ -366,8 +366,8 @@ def _sdp(say) -> dict:
 
 def _freshness(settings: Settings, window: tuple[datetime, datetime], figures: dict, say) -> list[float]:
     """Step 2's figures, read from the tables right after the window (sync/bench/latency.py)."""
-    from sync.streaming import spark as spark_session
     from sync.bench import latency, report
+    from sync.streaming import spark as spark_session
 
     spark = spark_session.session(settings, "lakesync-bench")
     start, end = window

@@ -49,7 +49,8 @@ from sync.projection import Projection, Target
 from sync.stack.background import start_background, stop_background
 from sync.stack.connect import rest, wait_for_state
 from sync.stack.process import read_pid
-from sync.streaming import offsets, spark as spark_session
+from sync.streaming import offsets
+from sync.streaming import spark as spark_session
 from sync.streaming.offsets import Offsets
 
 VOLATILE = {"_applied_at"}  # when our job wrote the row, not what it wrote

@@ -23,7 +23,8 @@ from sync.projection import KafkaTopics, Projection
 from sync.stack.background import reap_orphaned_jvm
 from sync.stack.kafka import kafka_ready
 from sync.stack.process import read_pid
-from sync.streaming import metrics, spark as spark_session
+from sync.streaming import metrics
+from sync.streaming import spark as spark_session
 
 
 def run(settings: Settings, once: bool = False) -> None:

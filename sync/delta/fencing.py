@@ -30,8 +30,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sync.delta import catalog
 from sync.config import Settings
+from sync.delta import catalog
 from sync.errors import Fenced
 
 EPOCH_PROPERTY = "lakesync.epoch"

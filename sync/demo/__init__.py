@@ -184,8 +184,8 @@ def show_views(settings: Settings) -> None:
 
 
 def main(settings: Settings) -> int:
-    from sync.commands import freshness, verify
     from projections.ledger import audit, balances_path, ledger_path
+    from sync.commands import freshness, verify
 
     print(f"1/6 starting the embedded stack in {settings.home}")
     stack.up(settings)

@@ -28,8 +28,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from sync.config import sqlalchemy_url
 from projections.ledger import AGGREGATE, MAX_AMOUNT, SCALE
+from sync.config import sqlalchemy_url
 from sync.outbox import emit
 
 HOUSE = {"EUR": -1, "USD": -2}  # the bank's own cash account per currency

@@ -13,8 +13,8 @@ import secrets
 import time
 from typing import Callable
 
-from sync.stack import migrate
 from sync.config import ADMIN_ROLE, ROLES, Settings, read_secrets
+from sync.stack import migrate
 from sync.stack.background import reap_orphaned_jvm, stop_background
 from sync.stack.connect import Connect
 from sync.stack.kafka import Kafka

@@ -15,8 +15,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from sync.config import (CAPTURED_SCHEMA, CONNECTOR_NAME, CONTROL_SCHEMA, HEARTBEAT_TABLE, PUBLICATION, ROLES,
-                         ROOT, SLOT, TOPIC_PREFIX, Settings)
+from sync.config import (CAPTURED_SCHEMA, CONNECTOR_NAME, CONTROL_SCHEMA, HEARTBEAT_TABLE, PUBLICATION, ROLES, ROOT,
+                         SLOT, TOPIC_PREFIX, Settings)
 from sync.errors import ServiceUnavailable, StackError
 from sync.outbox import EVENTS_TOPIC_PREFIX
 from sync.stack import jvm

@@ -13,8 +13,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from sync.delta import catalog
 from sync.config import Settings
+from sync.delta import catalog
 from sync.files import read_json, write_json_atomically
 from sync.projection import KafkaTopics
 

@@ -16,7 +16,6 @@ import random
 import signal
 import threading
 import time
-
 from decimal import Decimal
 
 import psycopg
@@ -24,10 +23,10 @@ import pytest
 from sqlalchemy import exc, text
 from sqlalchemy.orm import Session
 
-from sync.demo import bank
 from sync import config
-from sync.stack.background import start_background
+from sync.demo import bank
 from sync.stack import Connect, Kafka, Postgres
+from sync.stack.background import start_background
 from sync.stack.process import pid_alive, read_pid, wait_until
 from tests.e2e.conftest import lakesync
 

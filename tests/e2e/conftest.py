@@ -15,9 +15,9 @@ import psycopg
 import pytest
 
 from sync import config
+from sync.commands.verify import verify
 from sync.stack.background import start_background
 from sync.stack.process import read_pid, wait_until
-from sync.commands.verify import verify
 
 
 def lakesync(*args, timeout=600, env=None, check=False):

@@ -24,8 +24,8 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from projections.event_time import tables as event_time
-from sync.demo import bank
 from sync import config
+from sync.demo import bank
 from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.e2e

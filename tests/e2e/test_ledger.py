@@ -15,12 +15,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from projections.ledger import audit
 from projections.ledger import projection as ledger
-from sync.demo import bank
 from sync import config
 from sync.delta import fencing
-from sync.demo import bank_clients
-from projections.ledger import audit
+from sync.demo import bank, bank_clients
 from sync.outbox import topic
 from tests.e2e.conftest import lakesync
 

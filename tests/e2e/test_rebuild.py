@@ -23,9 +23,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from projections import mirrors
-from sync.demo import bank
-from sync.delta import catalog
 from sync import config
+from sync.delta import catalog
+from sync.demo import bank
 from tests.e2e.conftest import lakesync
 from tests.e2e.test_views import Workload
 

@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from projections.views import customer_history, ledger_enriched, order_docs
-from projections.mirrors import mirror_path
-from sync.demo import bank
-from sync import config, search
 from projections.ledger import ledger_path
+from projections.mirrors import mirror_path
+from projections.views import customer_history, ledger_enriched, order_docs
+from sync import config, search
+from sync.demo import bank
 
 pytestmark = pytest.mark.e2e
 

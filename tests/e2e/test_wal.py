@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from sync.stack import capture
 from sync.config import SLOT
+from sync.stack import capture
 
 pytestmark = pytest.mark.e2e
 

@@ -14,13 +14,15 @@ from decimal import Decimal
 
 import pytest
 
-from projections.event_time import oracle, tables as event_time
+from projections.changelog import SCHEMA as CHANGELOG_SCHEMA
+from projections.changelog import changelog_path
+from projections.event_time import oracle
+from projections.event_time import tables as event_time
 from projections.event_time.batch import EventTimeBatch
 from projections.event_time.projection import PROJECTION as EVENT_TIME
-from projections.changelog import SCHEMA as CHANGELOG_SCHEMA, changelog_path
 from sync import config
-from sync.streaming import progress
 from sync.delta import fencing
+from sync.streaming import progress
 
 pytestmark = pytest.mark.spark
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from projections.ledger import audit, chain
 from projections.ledger import projection as ledger
 from sync import config
 from sync.delta import deadletters, fencing
-from projections.ledger import audit, chain
 
 pytestmark = pytest.mark.spark
 

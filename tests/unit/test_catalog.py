@@ -6,10 +6,10 @@ import pytest
 
 from projections import mirrors
 from projections.views import projection as views
-from sync.delta import catalog
 from sync import config
-from sync.errors import LakesyncError
 from sync.commands.rebuild import projection_of
+from sync.delta import catalog
+from sync.errors import LakesyncError
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from sync import config, outbox
 from sync.stack import connect
-from sync.streaming.spark import artifact
 from sync.stack.connect import render_connector
+from sync.streaming.spark import artifact
 
 
 def test_defaults_point_at_the_embedded_stack(monkeypatch):

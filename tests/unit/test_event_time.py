@@ -8,10 +8,10 @@ from decimal import Decimal
 
 import pytest
 
-from sync import config
 from projections.event_time import rules as eventtime
-from sync.errors import LakesyncError
 from projections.event_time.rules import AFTER_FINAL, CORRECTION, EARLY, FINAL, LATE, ON_TIME
+from sync import config
+from sync.errors import LakesyncError
 
 T = datetime(2026, 11, 24, 10, 0)
 MIN = timedelta(minutes=1)

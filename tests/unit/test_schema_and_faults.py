@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 from pyspark.sql import types as T
 
+from sync.commands.runner import _raised
 from sync.delta.fencing import Fence, latest_epoch, take
 from sync.delta.schema import widens
 from sync.errors import Fenced
-from sync.commands.runner import _raised
 
 
 @pytest.mark.parametrize("old, new, ok", [
