@@ -12,9 +12,9 @@ from pyspark.sql import functions as F
 
 from projections.changelog import changelog_path
 from projections.event_time import rules as eventtime
-from projections.event_time.tables import (COMMERCE_STREAM, CUSTOMER_WAIT_SECONDS, HOURLY, INPUTS, LATE, LEDGER,
-                                           MISSING, NAME, ORDERS, POSITION, SESSIONS, SETTING_PROPERTIES, SLIDING,
-                                           STATE_KEY, VIEWS, View, commerce_event, path, position_of)
+from projections.event_time.tables import (COMMERCE_STREAM, HOURLY, INPUTS, LATE, LEDGER, MISSING, NAME, ORDERS,
+                                           POSITION, SESSIONS, SETTING_PROPERTIES, SLIDING, STATE_KEY, VIEWS, View,
+                                           commerce_event, path, position_of)
 from sync.config import Settings
 from sync.delta import deadletters
 from sync.delta.commit import BatchCommit
@@ -25,6 +25,8 @@ from sync.errors import LakesyncError
 from sync.streaming.batch import Batch
 from sync.streaming.progress import Outcome, Steps
 
+CUSTOMER_WAIT_SECONDS = 600  # how long step 3 waits for the changelog to hold an account
+
 
 class CustomersBehind(LakesyncError):
     exit_code = 1
@@ -32,7 +34,6 @@ class CustomersBehind(LakesyncError):
 
 class SettingsChanged(LakesyncError):
     """The tables were built with another watermark delay or allowed lateness."""
-
 
 
 class EventTimeBatch(Batch):

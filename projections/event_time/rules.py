@@ -22,8 +22,8 @@ Per window [start, end) and event e in it (`classify`):
 A window row's `emission` (`emission`) is `early` while the current watermark is below
 its end, then `final`, or `correction` if an event was counted after it went final.
 
-This module imports nothing of Spark: the projection (projections/event_time/) calls
-it on the driver, and the unit tests pin it on exact inputs.
+This module imports nothing of Spark: the streaming batch (batch.py) and the oracle
+(oracle.py) call it on the driver, and the unit tests pin it on exact inputs.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def stamp(events: Iterable[dict], clock: Clock | None, delay: timedelta,
 
     The events arrive as a prefix of commit order, so the greatest event time before
     an event is the clock's plus the batch's earlier events. An event at or below the
-    clock's position did not (see projections/event_time/): `max_before(position)`
+    clock's position did not (see batch.py): `max_before(position)`
     then gives the greatest event time stored before it, and the definition holds.
     """
     stamped, batch_max, running = [], None, clock.max_event_time if clock else None

@@ -17,7 +17,6 @@ NAME = "event_time"
 KIND = "event time"
 COMMERCE = ["public.orders", "public.payments"]
 LEDGER, COMMERCE_STREAM = "ledger", "commerce"
-CUSTOMER_WAIT_SECONDS = 600
 POSITION = ["_commit_lsn", "_lsn", "_topic", "_partition", "_offset"]
 MISSING = [-1, -1, "", -1, -1]
 

@@ -1,8 +1,10 @@
-"""The ledger: its hash chain (chain.py) and the auditor's commands (audit.py).
+"""The ledger: the streaming projection that writes it (projection.py), its hash chain
+(chain.py) and the auditor's commands (audit.py); this module holds what all three share.
 
-Neither module needs Spark: the chain is plain Python, shared by the projection that
-writes the ledger and the auditor who checks it, and the auditor reads the Delta table
-with delta-rs, so `lakesync ledger ...` starts in a second and only ever reads.
+Neither chain.py nor audit.py (nor this module) needs Spark: the chain is plain Python,
+shared by the projection that writes the ledger and the auditor who checks it, and the
+auditor reads the Delta table with delta-rs, so `lakesync ledger ...` starts in a second
+and only ever reads.
 """
 
 from __future__ import annotations
