@@ -40,7 +40,8 @@ def position_columns(sequence: Column) -> tuple[Column, Column]:
 def later(first: tuple[str, str], second: tuple[str, str]) -> str:
     """SQL predicate: position `first` (its commit LSN and change LSN, as SQL expressions)
     comes after position `second` in commit order. The one place the rule is written;
-    spelled out rather than as a struct comparison so Delta can use it when pruning."""
+    spelled out rather than as a struct comparison, so that Delta's data skipping can use
+    it where it is a condition on the target alone (the backfill's UPDATE)."""
     (commit, lsn), (other_commit, other_lsn) = first, second
     return f"({commit} > {other_commit} OR ({commit} = {other_commit} AND {lsn} > {other_lsn}))"
 

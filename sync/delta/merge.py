@@ -14,7 +14,10 @@
    of a MERGE here). Tombstones are removed after a horizon (LAKESYNC_TOMBSTONE_HOURS)
    longer than the time Kafka keeps a deleted key's older records in a compacted topic
    (delete.retention.ms, 1 day).
-The merge condition carries the keys only, so Delta prunes files by key ranges.
+The merge condition carries the keys only. Delta skips target files only by conjuncts
+on the target alone, and this condition has none: MERGE reads every file's keys to find
+the files a batch touches, then rewrites (or marks with deletion vectors) those alone.
+With a truncate in the batch (`whenNotMatchedBySource`) it also joins every file whole.
 """
 
 from __future__ import annotations
