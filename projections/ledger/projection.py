@@ -293,7 +293,8 @@ class Ledger(Projection):
         """verify's comparison for the ledger: each account's entry count against Postgres'
         outbox_sequence, every chain recomputed, and every operation summing to zero."""
         expected = conn.execute("SELECT aggregate_id::bigint, last_seq FROM outbox_sequence "
-                                "WHERE aggregate_type = %s AND aggregate_id ~ '^-?[0-9]{1,18}$'", (AGGREGATE,)).fetchall()
+                                "WHERE aggregate_type = %s AND aggregate_id ~ '^-?[0-9]{1,18}$'",
+                                (AGGREGATE,)).fetchall()
         exists = (Path(target.table) / "_delta_log").is_dir()
         entries = audit.load(target.table) if exists else []
         counts: dict[int, int] = {}
