@@ -41,6 +41,16 @@ class Target:
     target_filter: str = ""   # the Delta rows the oracle covers (e.g. current versions only)
     delta: bool = True        # False: `table` is not a Delta table (a search index's address)
 
+    @property
+    def state_key(self) -> str:
+        return state_key(self.name)
+
+
+def state_key(target_name: str) -> str:
+    """What a projection's progress records a target's figures under, and `status` reads
+    them by: the name after its first dot (mirror.orders: orders)."""
+    return target_name.split(".", 1)[-1]
+
 
 @dataclass(frozen=True)
 class KafkaTopics:

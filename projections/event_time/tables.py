@@ -11,7 +11,7 @@ from projections.changelog import changelog_path
 from projections.ledger import ledger_path
 from sync.config import Settings
 from sync.delta import catalog
-from sync.projection import DeltaTables
+from sync.projection import DeltaTables, state_key
 
 NAME = "event_time"
 KIND = "event time"
@@ -58,8 +58,8 @@ SESSIONS = View("customer_sessions", "window.customer_sessions", "session", SESS
 ORDERS = View("order_payments", "join.order_payments", "join", ORDER_PAYMENTS_SCHEMA, ["order_id"], "pay_by")
 LATE = View("late_events", "late.event_time", "late", LATE_SCHEMA, ["view", "event_id", "window_start"])
 VIEWS = [INPUTS, HOURLY, SLIDING, SESSIONS, ORDERS, LATE]
-# What `status` reads per target (sync/commands/status.py keys a target's state by its name after the first dot).
-STATE_KEY = {v.table: v.target.split(".", 1)[-1] for v in VIEWS}
+# What the progress records each table's figures under, for `status`.
+STATE_KEY = {v.table: state_key(v.target) for v in VIEWS}
 SETTING_PROPERTIES = ("watermark_delay_seconds", "allowed_lateness_seconds")
 
 # The join's defining SQL on Postgres: each order with its first payment in the bound.

@@ -66,7 +66,7 @@ def collect(settings: Settings) -> dict[str, Any]:
     for projection in all_projections():
         state = progress.read(settings, projection.name)
         for target in projection.targets(settings):
-            table_state = state.get("tables", {}).get(target.name.split(".", 1)[-1], {})
+            table_state = state.get("tables", {}).get(target.state_key, {})
             topic_lag = behind.get(projection.name, {})
             projections.append({
                 "name": target.name, "kind": target.kind, "table": target.table,
