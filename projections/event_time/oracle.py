@@ -43,7 +43,7 @@ SLIDING_SHAPE = (_spark(eventtime.SLIDE_SIZE), _spark(eventtime.SLIDE_STEP))
 
 
 class Expected:
-    """The batch definitions, written apart from the streaming path (projections/event_time/rules.py):
+    """The batch definitions, written apart from the streaming path (batch.py, rules.py):
     stamps by a window function over commit order, windows by Spark's `window` and
     `session_window`, the join as SQL. Only a session's `corrections` (a replay in
     arrival order) reuses the pure function."""

@@ -1,6 +1,6 @@
 """Customer history: SCD type 2, one row per version of each customer.
 
-Input:  the customers' change events in the bronze changelog (via projections/views/projection.py),
+Input:  the customers' change events in the bronze changelog (via the views' projection.py),
         never Kafka: a compacted topic has dropped a key's older versions, the changelog
         has them all.
 Key:    (id, valid_from_commit_lsn, valid_from_lsn): a version starts at the source

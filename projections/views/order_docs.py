@@ -3,8 +3,9 @@
 A table-table join of orders, customers and order_items, kept current incrementally: a
 change on any side recomputes the documents of the orders it touches, and only those.
 
-Input:  the batch's changes of orders, order_items and customers (via projections/views/projection.py);
-        the current rows from the mirrors, which have applied the batch (views step 1).
+Input:  the batch's changes of orders, order_items and customers (via the views'
+        projection.py); the current rows from the mirrors, which have applied the batch
+        (views step 1).
 Key:    order_id.
 Target: <lake>/order_docs: the order's fields, its customer embedded (a struct), its lines
         as a nested array ordered by line number, the total of its lines, and

@@ -2,16 +2,17 @@
 
 Input:  two append-only Delta tables, read as streams and unioned: the bronze changelog
         (projections/changelog.py; the changes of customers, orders, order_items and
-        accounts) and the ledger (projections/ledger/projection.py; new entries). Neither is ever
+        accounts) and the ledger (projections/ledger/; new entries). Neither is ever
         compacted, so a rebuild from version zero sees every version of every row.
 Key:    per view (see each module): customer id and valid-from position, order id,
         customer id, event id.
-Target: four Delta tables, one module each:
-          customer_history        SCD type 2 of customers (projections/views/customer_history.py)
+Target: four Delta tables, one module each in this package (context.py is what a batch
+        hands them):
+          customer_history        SCD type 2 of customers
           ledger_enriched         each ledger entry with its customer as of the entry
-                                  (temporal stream-table join, projections/views/ledger_enriched.py)
-          order_docs              one search-style document per order (projections/views/order_docs.py)
-          customer_order_summary  per customer: orders, lifetime value (projections/views/customer_order_summary.py)
+                                  (temporal stream-table join)
+          order_docs              one search-style document per order
+          customer_order_summary  per customer: orders, lifetime value
 Apply:  per batch, in order (each step commits on its own, tagged txnAppId
         `views:<view>` / batch id, so a replayed batch changes nothing):
           1. Wait until the mirrors have applied every Kafka record the batch's changelog

@@ -11,11 +11,11 @@ the mirrors are rebuilt from a new consistent snapshot. Steps of `resnapshot`, i
      is finished by running `resnapshot` again.
   5. Reset the connector's source offsets and resume it: with no offsets Debezium
      creates a new slot and takes an initial snapshot (op r) of every table.
-  6. Reset every projection but the changelog and the ledger (KEPT): its tables, state (the mirrors'
-     tombstones), checkpoint and progress (sync/delta/catalog.py `clear`), and what its
-     own `reset` adds (the views: the search index). Started again (`lakesync run`),
-     they read only records after the offsets of step 4, that is the snapshot and what
-     follows it. The changelog keeps its history (with the gap, which no one can fill);
+  6. Reset every projection but the changelog and the ledger (KEPT): its tables, state
+     (the mirrors' tombstones), checkpoint and progress (sync/delta/catalog.py `clear`),
+     and what its own `reset` adds (the views: the search index). Started again
+     (`lakesync run`), they read only records after the offsets of step 4, that is the
+     snapshot and what follows it. The changelog keeps its history (with the gap, which no one can fill);
      its check in `verify` starts at the same offsets.
   7. Wait until the connector streams again.
 """

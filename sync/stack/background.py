@@ -1,6 +1,6 @@
-"""The runner as a background process: started by `demo`, `up`-less commands and the
-tests, stopped between batches by `down`, `rebuild --swap` and `resnapshot`, and the JVM
-a killed runner left behind reaped before a new run starts."""
+"""The runner as a background process: started by `demo`, `rebuild --swap`, the bench
+and the tests; stopped between batches by `down`, `rebuild --swap` and `resnapshot`; and
+the JVM a killed runner left behind, reaped before a new run starts."""
 
 from __future__ import annotations
 

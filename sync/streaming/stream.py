@@ -1,7 +1,8 @@
 """What every Kafka-fed projection's streaming query shares: how it reads, how it runs.
 
-Each projection is one query with its own checkpoint (sync/delta/catalog.py: <lake>/_checkpoints/<name> at first) and a
-foreachBatch function that commits idempotently (sync/delta/commit.py).
+Each projection is one query with its own checkpoint (sync/delta/catalog.py:
+<lake>/_checkpoints/<name> at first) and a foreachBatch function (sync/streaming/batch.py)
+that commits idempotently (sync/delta/commit.py).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def run_batches(records: DataFrame, name: str, apply: Callable[[DataFrame, int],
     return writer.start()
 
 
-# -- after a resnapshot (sync/commands/resnapshot.py), state projections start at the new snapshot --
+# -- after a resnapshot (sync/commands/resnapshot.py), projections start at the new snapshot --
 
 def _resnapshot_file(settings: Settings):
     return settings.lake / "_resnapshot.json"

@@ -1,5 +1,5 @@
-"""Effectively-once under faults (the crash table in sync/delta/commit.py): crash points, a zombie runner,
-and concurrent projections that never mix up their transaction ids.
+"""Effectively-once under faults (the crash table in sync/delta/commit.py): crash points,
+a zombie runner, and concurrent projections that never mix up their transaction ids.
 
 Each test stops the session's runner, runs runners with LAKESYNC_FAULT set under a
 workload until the fault fires, restarts a healthy runner, and ends with the barrier

@@ -1,5 +1,5 @@
-"""The pure rules of event time (projections/event_time/rules.py): windows, stamps, lateness, emission,
-sessions and the payment join, on exact inputs."""
+"""The pure rules of event time (projections/event_time/rules.py): windows, stamps,
+lateness, emission, sessions and the payment join, on exact inputs."""
 
 import dataclasses
 import random
