@@ -22,6 +22,9 @@ With a truncate in the batch (`whenNotMatchedBySource`) it also joins every file
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -67,6 +70,11 @@ def ensure_table(spark: SparkSession, path: str, schema_ddl: str,
             spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({added})")
             table = DeltaTable.forPath(spark, path)
         return table
+    log = Path(path) / "_delta_log"
+    if log.is_dir() and not any(log.glob("[0-9]*.json")) and not any(log.glob("*.checkpoint*")):
+        # A creation killed before its first commit leaves a log with no version, which
+        # Delta neither opens nor creates over. Nothing was ever committed: it goes.
+        shutil.rmtree(log)
     builder = DeltaTable.createIfNotExists(spark).location(path)
     for field in wanted:
         builder = builder.addColumn(field.name, field.dataType, nullable=True)

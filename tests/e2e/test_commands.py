@@ -32,6 +32,9 @@ def test_status_json_has_the_contract_keys(stack, app_db, synced):
     assert set(customers) >= {"name", "kind", "table", "lag", "last_batch_at", "rows_applied", "dead_letters"}
     assert customers["kind"] == "mirror" and customers["lag"] == 0 and customers["rows_applied"] > 0
     assert customers["table"].endswith("/mirrors/customers")
+    # A view's figures too: the views record them under the key status reads them by.
+    history = next(p for p in report["projections"] if p["name"] == "history.customers")
+    assert history["rows_applied"] > 0 and history["last_batch_at"] is not None
 
 
 def test_unknown_command_is_a_clear_error():

@@ -16,6 +16,7 @@ from projections import mirrors
 from sync import config
 from sync.bench import merge_scaling
 from sync.delta import deadletters, fencing
+from sync.delta.merge import ensure_table
 from sync.errors import Fenced
 
 pytestmark = pytest.mark.spark
@@ -259,3 +260,13 @@ def test_tombstones_older_than_the_horizon_are_swept(spark, settings):
     path = str(mirrors.tombstone_path(settings, "widgets"))
     assert spark.read.format("delta").load(path).count() == 0
     assert DeltaTable.forPath(spark, path).history(1).first()["operation"] == "DELETE"
+
+
+def test_a_table_whose_creation_was_killed_before_its_first_commit_is_created_again(spark, settings):
+    # What a runner killed inside the first commit leaves (seen in the chaos run): a log
+    # with Delta's staging folder and no version, which Delta neither opens nor creates over.
+    path = settings.lake / "interrupted"
+    (path / "_delta_log" / "_staged_commits").mkdir(parents=True)
+    ensure_table(spark, str(path), "id bigint, name string")
+    spark.createDataFrame([(1, "a")], "id bigint, name string").write.format("delta").mode("append").save(str(path))
+    assert [tuple(r) for r in spark.read.format("delta").load(str(path)).collect()] == [(1, "a")]
