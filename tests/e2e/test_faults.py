@@ -49,7 +49,7 @@ def write_until_exit(db, process, base, timeout=300):
         assert time.monotonic() < deadline, f"the fault never fired:\n{process.log.read_text()[-3000:]}"
         order_with_lines(db, base + n, base + n // 3)
         n += 1
-        time.sleep(0.3)
+        time.sleep(0.3)  # paces the writes until the fault fires; the result is checked by the barrier
     return process.returncode
 
 
@@ -87,7 +87,7 @@ def test_a_zombie_runner_is_fenced(stack, app_db, products, synced):
         assert time.monotonic() < deadline, f"the runner never paused:\n{zombie.log.read_text()[-3000:]}"
         order_with_lines(app_db, 840000 + n, 840000 + n)
         n += 1
-        time.sleep(0.3)
+        time.sleep(0.3)  # paces the writes until the runner pauses; the result is checked by the barrier
     stack.runner_pidfile.unlink()  # what an operator does with a runner they think is dead
     start_background(stack)
     order_with_lines(app_db, 845000, 845000)

@@ -61,4 +61,4 @@ def _until(check, timeout=60):
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.5)
+        time.sleep(0.5)  # the polling interval of a condition with a deadline, not a wait for a result
