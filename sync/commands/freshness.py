@@ -26,7 +26,7 @@ from sync.cdc.ordering import parse_lsn
 from sync.commands import all_projections
 from sync.config import CONNECTOR_NAME, HEARTBEAT_TABLE, Settings
 from sync.errors import NotFresh
-from sync.projection import KafkaTopics, Projection
+from sync.projection import KafkaTopics
 from sync.stack import capture
 from sync.stack.connect import rest
 from sync.stack.postgres import pg_connect
@@ -99,11 +99,13 @@ def drain(settings: Settings, started: float, deadline: float, names: set[str] |
     it after capture, `rebuild --verify` while capture is paused. Raises NotFresh."""
     timeout = deadline - started
     chosen = all_projections()
-    if names is not None and not any(_delta_fed(settings, p) and p.name in names for p in chosen):
+    # Which are Delta-fed, decided once: a source names catalog paths (a file read each).
+    fed_by_delta = {p.name for p in chosen if not isinstance(p.source(settings), KafkaTopics)}
+    if names is not None and not fed_by_delta & names:
         chosen = [p for p in chosen if p.name in names]
-    kafka_fed = [p for p in chosen if not _delta_fed(settings, p)]
+    kafka_fed = [p for p in chosen if p.name not in fed_by_delta]
     goals = {p.name: input_ends(settings, p) for p in kafka_fed}
-    delta_fed = [p for p in chosen if _delta_fed(settings, p)]
+    delta_fed = [p for p in chosen if p.name in fed_by_delta]
     runner_seen = time.monotonic()
     while True:
         behind = []
@@ -111,7 +113,7 @@ def drain(settings: Settings, started: float, deadline: float, names: set[str] |
             done = processed(settings, projection)
             missing = sum(max(0, high - done.get(tp, 0)) for tp, high in goals[projection.name].items())
             if missing:
-                unit = "records" if not _delta_fed(settings, projection) else "table versions"
+                unit = "table versions" if projection.name in fed_by_delta else "records"
                 behind.append(f"{projection.name} ({missing} {unit} behind)")
         if not behind:
             if all(p.name in goals for p in delta_fed):
@@ -134,7 +136,3 @@ def drain(settings: Settings, started: float, deadline: float, names: set[str] |
 
 def _runner_alive(settings: Settings) -> bool:
     return read_pid(settings.runner_pidfile) is not None
-
-
-def _delta_fed(settings: Settings, projection: Projection) -> bool:
-    return not isinstance(projection.source(settings), KafkaTopics)
