@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from dataclasses import dataclass, field, replace
-from functools import reduce
 from pathlib import Path
+from typing import Callable
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -35,8 +36,8 @@ from sync.delta import catalog, deadletters
 from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
-from sync.delta.merge import (TOMBSTONE_COLUMNS, ensure_table, latest_per_key, merge_changes, record_tombstones,
-                              still_applicable, table_properties)
+from sync.delta.merge import (DELETION_VECTORS, TOMBSTONE_COLUMNS, deletion_vectors_if_copying, ensure_table,
+                              latest_per_key, merge_changes, still_applicable, table_properties, tombstones_of)
 from sync.delta.schema import IncompatibleChange, evolve, finish_backfill
 from sync.fault import crash_point
 from sync.projection import KafkaTopics, Projection, Target
@@ -117,15 +118,16 @@ class MirrorBatch(Batch):
     """Applies one micro-batch to every table it touches (sync/streaming/batch.py runs it).
 
     Steps, in order:
-      1. Per topic in the batch: the table's columns, key and latest truncate (one job);
-         then each table's changes, decoded once and checkpointed for steps 2 and 3.
-      2. Find, in one job for all tables, the records that cannot be applied
-         (undecodable, or repeating a source position).
-      3. Per table, one after the other (crash point `between_tables` after the first):
-         evolve the schema, MERGE, record tombstones, finish a pending backfill. Each
-         Delta write is its own idempotent commit (txnAppId `mirrors:<table>`,
+      1. Per topic in the batch, in one job: the table's columns, key and latest truncate.
+      2. Per table, up to `apply_threads` tables at once (each on a session of its own;
+         crash point `between_tables` when the first is done):
+           a. decode its changes once, checkpointed for b and c;
+           b. find the records that cannot be applied (undecodable, or repeating a
+              source position);
+           c. evolve the schema, MERGE, record tombstones, finish a pending backfill.
+         Each Delta write is its own idempotent commit (txnAppId `mirrors:<table>`,
          `mirrors:<table>:tombstones`).
-      4. Append what was set aside to the dead letters (txnAppId `mirrors:dead_letters`).
+      3. Append what was set aside to the dead letters (txnAppId `mirrors:dead_letters`).
     A crash anywhere replays the whole batch, and every write of the replay is skipped
     or changes nothing.
     """
@@ -133,38 +135,66 @@ class MirrorBatch(Batch):
     def __init__(self, settings: Settings, fence: Fence):
         super().__init__(NAME, settings, fence)
         self.after_resnapshot = at_or_after(start_offsets(settings))
+        self.tombstone_tables: set[str] = set()  # created in this run (or found), not checked again
+        self.finished = threading.Lock()
 
     def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome:
-        spark = commit.spark
         # Read from Kafka once and kept for every pass below. A local checkpoint, not a
         # cache: MERGE refuses a source with cached parts unless it copies the source
         # first (spark.databricks.delta.merge.materializeSource, sync/streaming/spark.py).
         records = batch.where(F.col("value").isNotNull() & self.after_resnapshot).localCheckpoint(eager=True)
         steps.done("read")
-        tables = [self._plan(spark, records, table) for table in self._tables(records)]
+        topics = self._tables(records)
         steps.done("plan")
-        set_aside = _refused(spark, [t for t in tables if t.changes is not None])
-        steps.done("refuse")
+        finished: list[str] = []
+
+        def table_task(row) -> Callable[[BatchCommit], TableResult]:
+            def run(table_commit: BatchCommit) -> TableResult:
+                result = self._table(table_commit, records, row)
+                with self.finished:
+                    finished.append(result.name)
+                    if len(finished) == 1 and len(topics) > 1:
+                        crash_point("between_tables", self.settings.fault)
+                return result
+            return run
+
+        results = self.concurrently(commit, [table_task(row) for row in topics])
         outcome = Outcome(applied={})
         dead: list[DeadLetter] = []
-        for number, table in enumerate(tables):
-            if number == 1:
-                crash_point("between_tables", self.settings.fault)
-            failed = set_aside.get(table.name, [])
-            try:
-                if table.error:
-                    failed = _all_records(table, table.error)
-                elif table.changes is not None:
-                    outcome.applied[table.name] = self._apply_table(commit, table, failed, steps)
-            except IncompatibleChange as error:
-                outcome.stopped[table.name] = f"mirror stopped: {error}"
-                failed = _all_records(table, outcome.stopped[table.name])
-            dead.extend(failed)
+        for result in results:
+            steps.add(result.steps)
+            if result.applied is not None:
+                outcome.applied[result.name] = result.applied
+            if result.stopped:
+                outcome.stopped[result.name] = result.stopped
+            dead.extend(result.dead)
+        steps.done("tables")
         deadletters.write(commit, self.settings, records, dead)
         steps.done("dead_letters")
         for letter in dead:
             outcome.dead_letters[letter.table] = outcome.dead_letters.get(letter.table, 0) + 1
         return outcome
+
+    def _table(self, commit: BatchCommit, records: DataFrame, row) -> "TableResult":
+        """Step 2 for one table, on `commit`'s session."""
+        steps = Steps()
+        table = self._plan(commit.spark, records, row)
+        result = TableResult(table.name, steps)
+        if table.error:
+            result.dead = _all_records(table, table.error)
+            return result
+        if table.changes is None:
+            return result
+        steps.done("decode")
+        failed = _refused(table)
+        steps.done("refuse")
+        try:
+            result.applied = self._apply_table(commit, table, failed, steps)
+            result.dead = failed
+        except IncompatibleChange as error:
+            result.stopped = f"mirror stopped: {error}"
+            result.dead = _all_records(table, result.stopped)
+        return result
 
     def _tables(self, records: DataFrame) -> list[dict]:
         """Per topic in the batch: latest value and key schema, latest truncate position,
@@ -221,7 +251,8 @@ class MirrorBatch(Batch):
         spark = commit.spark
         self.fence.check()  # the schema changes below commit outside the batch's commits
         keys = table.keys
-        properties = {KEYS_PROPERTY: ",".join(keys), **self.fence.properties}
+        # Created without deletion vectors; the first MERGE that copies many rows turns them on.
+        properties = {KEYS_PROPERTY: ",".join(keys), DELETION_VECTORS: "false", **self.fence.properties}
         target, recorded = evolve(spark, table.path, table.columns, PROVENANCE_DDL, table.records, properties)
         truncated_at = self._truncated_at(spark, table.path, recorded, table.truncated_at)
         steps.done("evolve")
@@ -239,12 +270,16 @@ class MirrorBatch(Batch):
         steps.done("latest_per_key")
         metrics = {}
         commit(lambda: metrics.update(merge_changes(target, latest, keys, table.truncated_at)), table.name)
+        if recorded.get(DELETION_VECTORS) == "false" and metrics:
+            deletion_vectors_if_copying(spark, table.path)
         steps.done("merge")
         if table.deletes:
-            key_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in target.toDF().schema.fields
-                                if f.name in keys or f.name in TOMBSTONE_COLUMNS)
-            ensure_table(spark, tombstones, key_ddl, self.fence.properties)
-            commit(lambda: record_tombstones(tombstones, latest, keys), f"{table.name}:tombstones")
+            if tombstones not in self.tombstone_tables:
+                key_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in target.toDF().schema.fields
+                                    if f.name in keys or f.name in TOMBSTONE_COLUMNS)
+                ensure_table(spark, tombstones, key_ddl, self.fence.properties)
+                self.tombstone_tables.add(tombstones)
+            commit.append(tombstones_of(latest, keys), tombstones, f"{table.name}:tombstones")
         self._sweep_tombstones(spark, table.name)
         finish_backfill(spark, table.path, table.columns, recorded)
         steps.done("tombstones")
@@ -296,31 +331,34 @@ class TablePlan:
     error: str | None = None           # why none of the table's records can apply
 
 
-def _refused(spark: SparkSession, tables: list[TablePlan]) -> dict[str, list[DeadLetter]]:
-    """Per table, the changes that must not be applied, found in one job for the batch:
-    undecodable ones, and changes that repeat a source position already taken by a
-    different change of the same key (one of them is wrong, and guessing which would
-    be silent loss)."""
-    found = []
-    for table in tables:
-        changes = table.changes
-        data = [c for c in changes.columns if c not in PROVENANCE and c not in (UNCHANGED, ERROR)]
-        content = F.xxhash64(*[F.col(f"`{c}`") for c in data], F.col("_op"))
-        offsets = F.struct("_topic", "_partition", "_offset")
-        repeated = (changes.where(F.col(ERROR).isNull())
-                    .groupBy(*table.keys, "_commit_lsn", "_lsn")
-                    .agg(F.count_distinct(content).alias("versions"), F.collect_list(offsets).alias("records"))
-                    .where("versions > 1")
-                    .select(F.explode("records").alias("r"))
-                    .select("r.*", F.lit("repeated source position with different content").alias(ERROR)))
-        undecodable = changes.where(F.col(ERROR).isNotNull()).select("_topic", "_partition", "_offset", ERROR)
-        found.append(undecodable.unionByName(repeated).withColumn("table", F.lit(table.name)))
-    by_table: dict[str, list[DeadLetter]] = {}
-    if found:
-        for row in reduce(DataFrame.unionByName, found).collect():
-            by_table.setdefault(row["table"], []).append(
-                DeadLetter(row["_topic"], row["_partition"], row["_offset"], row["table"], row[ERROR]))
-    return by_table
+@dataclass
+class TableResult:
+    """What step 2 did for one table."""
+
+    name: str
+    steps: Steps
+    applied: int | None = None                                 # rows the MERGE affected
+    stopped: str | None = None                                 # why the mirror stopped
+    dead: list[DeadLetter] = field(default_factory=list)       # records set aside
+
+
+def _refused(table: TablePlan) -> list[DeadLetter]:
+    """The table's changes that must not be applied: undecodable ones, and changes that
+    repeat a source position already taken by a different change of the same key (one
+    of them is wrong, and guessing which would be silent loss)."""
+    changes = table.changes
+    data = [c for c in changes.columns if c not in PROVENANCE and c not in (UNCHANGED, ERROR)]
+    content = F.xxhash64(*[F.col(f"`{c}`") for c in data], F.col("_op"))
+    offsets = F.struct("_topic", "_partition", "_offset")
+    repeated = (changes.where(F.col(ERROR).isNull())
+                .groupBy(*table.keys, "_commit_lsn", "_lsn")
+                .agg(F.count_distinct(content).alias("versions"), F.collect_list(offsets).alias("records"))
+                .where("versions > 1")
+                .select(F.explode("records").alias("r"))
+                .select("r.*", F.lit("repeated source position with different content").alias(ERROR)))
+    undecodable = changes.where(F.col(ERROR).isNotNull()).select("_topic", "_partition", "_offset", ERROR)
+    return [DeadLetter(row["_topic"], row["_partition"], row["_offset"], table.name, row[ERROR])
+            for row in undecodable.unionByName(repeated).collect()]
 
 
 def _all_records(table: TablePlan, error: str) -> list[DeadLetter]:

@@ -61,6 +61,9 @@ class Settings:
     fault: str
     trigger_seconds: float
     shuffle_partitions: int
+    # Tables of one batch applied at once (each on a Spark session of its own): a small
+    # table's commit is mostly waiting, so several overlap on two cores.
+    apply_threads: int
     max_offsets_per_trigger: int
     tombstone_hours: float
     # Where the Connect worker reaches Postgres and the secrets file: the same as ours on
@@ -158,6 +161,7 @@ def load() -> Settings:
         fault=_env("LAKESYNC_FAULT", ""),
         trigger_seconds=float(_env("LAKESYNC_TRIGGER_SECONDS", "1")),
         shuffle_partitions=int(_env("LAKESYNC_SHUFFLE_PARTITIONS", "4")),
+        apply_threads=max(1, int(_env("LAKESYNC_APPLY_THREADS", "4"))),
         max_offsets_per_trigger=int(_env("LAKESYNC_MAX_OFFSETS_PER_TRIGGER", "500000")),
         # Longer than Kafka's delete.retention.ms (1 day): by then no replay can bring a
         # deleted key's older records back, so its tombstone may go.

@@ -209,8 +209,7 @@ class EventTimeBatch(Batch):
         if not stamped:
             return 0
         frame = self._frame(commit.spark, INPUTS, stamped)
-        commit(lambda: frame.write.format("delta").mode("append").save(path(self.settings, INPUTS.table)),
-               INPUTS.table)
+        commit.append(frame, path(self.settings, INPUTS.table), INPUTS.table)
         return len(stamped)
 
     def _merge(self, commit: BatchCommit, view: View, rows: list[dict], watermark: datetime,

@@ -210,7 +210,7 @@ class LedgerBatch(Batch):
         applied_at = datetime.now(timezone.utc)
         if new:
             frame = spark.createDataFrame([{**e, "_applied_at": applied_at} for e in new], SCHEMA)
-            commit(lambda: frame.write.format("delta").mode("append").save(ledger))
+            commit.append(frame, ledger)
         self.heads = heads
         touched = new + recorded
         if touched:

@@ -14,7 +14,9 @@ Target: four Delta tables, one module each in this package (context.py is what a
           order_docs              one search-style document per order
           customer_order_summary  per customer: orders, lifetime value
 Apply:  per batch, in order (each step commits on its own, tagged txnAppId
-        `views:<view>` / batch id, so a replayed batch changes nothing):
+        `views:<view>` / batch id, so a replayed batch changes nothing); steps 2-3 and
+        steps 4-6 share nothing, so the two run at once, each on a Spark session of its
+        own (sync/streaming/batch.py `concurrently`):
           1. Wait until the mirrors have applied every Kafka record the batch's changelog
              rows came from: the table-table views read the mirrors for the current state
              of the keys a change touches, and must not read them before the change.
@@ -136,18 +138,31 @@ class ViewsBatch(Batch):
         steps.done("read")
         self._wait_for_mirrors({(r["_topic"], r["_partition"]): r["last"] + 1 for r in reach})
         steps.done("wait_for_mirrors")
-        context = Context(commit, self.settings, changes,
-                          records.where("kind = 'entry'").select("event_id", "account", "_commit_lsn", "_lsn"))
-        applied = {customer_history: customer_history.apply(context)}
-        steps.done(customer_history.NAME)
-        applied[ledger_enriched] = ledger_enriched.apply(context)
-        steps.done(ledger_enriched.NAME)
-        documents = order_docs.prepare(context)
-        steps.done("order_docs_prepare")
-        applied[customer_order_summary] = customer_order_summary.apply(context)
-        steps.done(customer_order_summary.NAME)
-        applied[order_docs] = order_docs.commit(context, documents)
-        steps.done(order_docs.NAME)
+        entries = records.where("kind = 'entry'").select("event_id", "account", "_commit_lsn", "_lsn")
+
+        def customers_chain(chain: BatchCommit) -> tuple[dict, Steps]:  # steps 2-3
+            context, chain_steps = Context(chain, self.settings, changes, entries), Steps()
+            applied = {customer_history: customer_history.apply(context)}
+            chain_steps.done(customer_history.NAME)
+            applied[ledger_enriched] = ledger_enriched.apply(context)
+            chain_steps.done(ledger_enriched.NAME)
+            return applied, chain_steps
+
+        def orders_chain(chain: BatchCommit) -> tuple[dict, Steps]:  # steps 4-6
+            context, chain_steps = Context(chain, self.settings, changes, entries), Steps()
+            documents = order_docs.prepare(context)
+            chain_steps.done("order_docs_prepare")
+            applied = {customer_order_summary: customer_order_summary.apply(context)}
+            chain_steps.done(customer_order_summary.NAME)
+            applied[order_docs] = order_docs.commit(context, documents)
+            chain_steps.done(order_docs.NAME)
+            return applied, chain_steps
+
+        applied = {}
+        for chain_applied, chain_steps in self.concurrently(commit, [customers_chain, orders_chain]):
+            applied.update(chain_applied)
+            steps.add(chain_steps)
+        steps.done("views")
         # Recorded under the key `status` reads each view's target by (history.customers: customers).
         return Outcome(applied={view.targets(self.settings)[0].state_key: rows for view, rows in applied.items()})
 

@@ -8,7 +8,8 @@ Debezium's JSON envelope, so only the apply is measured.
 
 Steps, per size:
   1. A fresh lake; one record through MirrorBatch creates the mirror with its schema
-     and properties (deletion vectors on) as the runner would.
+     and properties as the runner would (no deletion vectors until a MERGE copies many
+     rows: the first timed batch at each size turns them on, sync/delta/merge.py).
   2. S rows appended in key order, in files of about ROWS_PER_FILE rows: the layout a
      mirror built from a snapshot and then appended to has (new keys are the highest).
   3. RUNS batches of B records each, timed one by one; the median is reported. A batch is

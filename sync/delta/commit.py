@@ -7,13 +7,16 @@ Steps of a commit (`BatchCommit`), in order:
   1. Tag the session of *this* streaming query with Delta's transaction identifiers:
      txnAppId = the projection and its table, txnVersion = the batch id, and the commit's
      userMetadata with the run's epoch. Each query has its own cloned session, so
-     concurrent projections never see each other's tags.
+     concurrent projections never see each other's tags; tables of one batch applied at
+     once each commit on a session of their own (`fork`, sync/streaming/batch.py).
   2. Crash point `before_delta_commit`: the table is unchanged; the batch replays.
   3. Fencing (sync/delta/fencing.py): if a newer run of this projection has taken a
      higher epoch, this writer is a zombie and aborts here, before writing.
   4. Write (MERGE or append). Delta records (txnAppId, txnVersion) in the same atomic
      commit; a write whose txnVersion is not above the recorded one is skipped as
-     already applied.
+     already applied. An append (`append`) also carries them as the writer's options,
+     which Delta takes before the session's: a DataFrame writes through the session it
+     was made in, which need not be this one.
   5. Crash point `after_delta_commit`: the table holds the batch, but Spark has not yet
      recorded the batch as committed, so the batch replays and step 4 skips it.
   6. Clear the tags, so no later write in this session reuses them by accident.
@@ -39,7 +42,7 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from sync.delta.fencing import Fence
 from sync.fault import crash_point
@@ -62,12 +65,16 @@ class BatchCommit:
         self.spark, self.projection, self.batch_id = session, projection, batch_id
         self.fence, self.fault = fence, fault
 
+    def fork(self, session: SparkSession) -> "BatchCommit":
+        """The same batch's commits, tagged on another session (one per concurrent thread)."""
+        return BatchCommit(session, self.projection, self.batch_id, self.fence, self.fault)
+
     def __call__(self, write: Callable[[], None], part: str = "") -> None:
-        app_id = f"{self.projection}:{part}" if part else self.projection
+        app_id = self._app_id(part)
         conf = self.spark.conf
         conf.set(TXN_APP_ID, app_id)  # step 1
         conf.set(TXN_VERSION, str(self.batch_id))
-        conf.set(USER_METADATA, json.dumps({"app_id": app_id, "batch": self.batch_id, "epoch": self.fence.epoch}))
+        conf.set(USER_METADATA, self._user_metadata(app_id))
         try:
             crash_point("before_delta_commit", self.fault)  # step 2
             self.fence.check()  # step 3
@@ -76,3 +83,16 @@ class BatchCommit:
         finally:
             for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):  # step 6
                 conf.unset(key)
+
+    def append(self, frame: DataFrame, path: str, part: str = "") -> None:
+        """Append `frame` to the Delta table at `path` in this batch's commit."""
+        app_id = self._app_id(part)
+        self(lambda: (frame.write.format("delta").mode("append")
+                      .option("txnAppId", app_id).option("txnVersion", self.batch_id)
+                      .option("userMetadata", self._user_metadata(app_id)).save(path)), part)
+
+    def _app_id(self, part: str) -> str:
+        return f"{self.projection}:{part}" if part else self.projection
+
+    def _user_metadata(self, app_id: str) -> str:
+        return json.dumps({"app_id": app_id, "batch": self.batch_id, "epoch": self.fence.epoch})

@@ -57,5 +57,5 @@ def write(commit: BatchCommit, settings: Settings, records: DataFrame, letters: 
                     F.current_timestamp().alias("failed_at")))
     target = path(settings, commit.projection)
     ensure_table(spark, target, SCHEMA, {"delta.appendOnly": "true"})
-    commit(lambda: rows.write.format("delta").mode("append").save(target), "dead_letters")
+    commit.append(rows, target, "dead_letters")
     return len(letters)

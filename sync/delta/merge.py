@@ -22,6 +22,7 @@ With a truncate in the batch (`whenNotMatchedBySource`) it also joins every file
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -32,9 +33,10 @@ from pyspark.sql import functions as F
 from sync.cdc.decode import PROVENANCE, UNCHANGED
 from sync.cdc.ordering import later, newer_than, newer_than_literal
 
+DELETION_VECTORS = "delta.enableDeletionVectors"
 TABLE_PROPERTIES = {
     # MERGE marks deleted rows instead of rewriting files: cost follows the batch.
-    "delta.enableDeletionVectors": "true",
+    DELETION_VECTORS: "true",
     "delta.enableChangeDataFeed": "false",
     "delta.autoOptimize.optimizeWrite": "false",
 }
@@ -94,12 +96,11 @@ def still_applicable(changes: DataFrame, keys: list[str], truncated_at: tuple[in
     if truncated_at is not None:
         rows = rows.where(newer_than_literal(truncated_at))
     if tombstones is not None:
-        dead = (tombstones.groupBy(*keys).agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("_dead"))
-                .select(*keys, F.col("_dead._commit_lsn").alias("_dead_commit_lsn"),
-                        F.col("_dead._lsn").alias("_dead_lsn")))
-        older = F.expr(later(("_dead_commit_lsn", "_dead_lsn"), ("_commit_lsn", "_lsn")))
-        rows = (rows.join(dead, keys, "left").where(F.col("_dead_lsn").isNull() | ~older)
-                .drop("_dead_commit_lsn", "_dead_lsn"))
+        # An anti join on the key and the order, not the latest tombstone per key joined
+        # back: no aggregate and no shuffle when the tombstones are small enough to broadcast.
+        same_key = " AND ".join(f"r.`{k}` = d.`{k}`" for k in keys)
+        deleted_after = later(("d._commit_lsn", "d._lsn"), ("r._commit_lsn", "r._lsn"))
+        rows = rows.alias("r").join(tombstones.alias("d"), F.expr(f"{same_key} AND {deleted_after}"), "left_anti")
     return rows
 
 
@@ -131,6 +132,48 @@ def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
     return merge_metrics(merge.execute())
 
 
+# A MERGE without deletion vectors rewrites each file it touches whole: cheaper while the
+# table is small (20 changes into 1k rows here: 1.3 s without, 2.4 s with), dear once
+# its files are large. A keyed table starts without them (its creator says so) and takes
+# them on from the first MERGE that copied more unchanged rows than this.
+COPIED_ROWS_FOR_DELETION_VECTORS = 100_000
+
+
+def deletion_vectors_if_copying(spark: SparkSession, path: str) -> bool:
+    """After a MERGE into `path` without deletion vectors: turn them on if that MERGE copied
+    more than COPIED_ROWS_FOR_DELETION_VECTORS unchanged rows. Returns whether it did. A
+    metadata commit; repeating it changes nothing."""
+    last = last_commit_info(path)
+    copied = int((last.get("operationMetrics") or {}).get("numTargetRowsCopied", 0))
+    if last.get("operation") != "MERGE" or copied <= COPIED_ROWS_FOR_DELETION_VECTORS:
+        return False
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')")
+    return True
+
+
+def last_commit_info(path: str) -> dict:
+    """The commitInfo action of the table's latest version, read from its log file
+    (DeltaTable.history(1) runs a Spark job for it: 0.4 s a call here). The latest
+    version is found from the last checkpoint on (at most a checkpoint interval of files
+    to probe), not by listing the whole log."""
+    log = Path(path) / "_delta_log"
+    checkpoint = log / "_last_checkpoint"
+    try:
+        version = json.loads(checkpoint.read_text())["version"] if checkpoint.exists() else 0
+    except (ValueError, KeyError):  # being rewritten: probe from the start
+        version = 0
+    while (log / f"{version + 1:020d}.json").exists():
+        version += 1
+    commit = log / f"{version:020d}.json"
+    if not commit.exists():
+        return {}
+    for line in commit.read_text().splitlines():
+        action = json.loads(line)
+        if "commitInfo" in action:
+            return action["commitInfo"]
+    return {}
+
+
 def merge_metrics(result: DataFrame | None) -> dict[str, int]:
     """Delta's metrics of one MERGE (num_affected_rows, ...); empty when Delta skipped
     the commit as already applied (commit.py: same txnAppId and txnVersion)."""
@@ -138,7 +181,7 @@ def merge_metrics(result: DataFrame | None) -> dict[str, int]:
     return row.asDict() if row is not None else {}
 
 
-def record_tombstones(path: str, latest: DataFrame, keys: list[str]) -> None:
-    """Step 4: append a tombstone for every key whose latest change in the batch deletes it."""
-    (latest.where("_op = 'd'").select(*keys, *TOMBSTONE_COLUMNS)
-     .write.format("delta").mode("append").save(path))
+def tombstones_of(latest: DataFrame, keys: list[str]) -> DataFrame:
+    """Step 4: a tombstone for every key whose latest change in the batch deletes it (appended
+    by the caller)."""
+    return latest.where("_op = 'd'").select(*keys, *TOMBSTONE_COLUMNS)

@@ -8,7 +8,9 @@ Per micro-batch, in order:
      txnAppId per table, txnVersion = the batch id, fencing, crash points), and a
      `Steps` clock.
   3. `apply`: the projection's own work. It returns what it did, or None when the batch
-     held nothing to apply (a metadata-only version of an input table).
+     held nothing to apply (a metadata-only version of an input table). Independent
+     parts of it (the mirrors' tables) may run at once (`concurrently`), each on a Spark
+     session of its own, so each part's Delta transaction tags stay its own.
   4. The progress record `status` reads, and the runner's metrics.
 Spark commits the batch's offsets after this returns; a crash anywhere above replays the
 whole batch, and every commit of the replay is skipped or changes nothing.
@@ -16,15 +18,21 @@ whole batch, and every commit of the replay is skipped or changes nothing.
 
 from __future__ import annotations
 
+import queue
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.util import inheritable_thread_target
 
 from sync.config import Settings
 from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
 from sync.streaming.progress import Outcome, Progress, Steps
+
+Result = TypeVar("Result")
 
 
 class Batch(ABC):
@@ -34,6 +42,7 @@ class Batch(ABC):
         self.projection, self.settings, self.fence = projection, settings, fence
         self.progress = Progress(settings, projection)
         self.opened = False
+        self._worker_sessions: queue.SimpleQueue[SparkSession] | None = None
 
     def open(self, spark: SparkSession) -> None:
         """Step 1, once per run (and again after a failed first batch)."""
@@ -53,3 +62,28 @@ class Batch(ABC):
         outcome = self.apply(records, commit, steps)
         if outcome is not None:
             self.progress.record(batch_id, outcome, started, steps.seconds)
+
+    def concurrently(self, commit: BatchCommit, tasks: list[Callable[[BatchCommit], Result]]) -> list[Result]:
+        """Run the tasks, at most `apply_threads` at once, each given the batch's commit on
+        a session of its own (a new session of the query's: same Spark context and Delta
+        log cache, its own settings). The threads inherit the query's scheduler pool. The
+        results come back in the tasks' order; the first failure is raised."""
+        workers = min(self.settings.apply_threads, len(tasks))
+        if workers <= 1:
+            return [task(commit) for task in tasks]
+        if self._worker_sessions is None:  # made once per run: a new session's first query costs
+            self._worker_sessions = queue.SimpleQueue()
+            for _ in range(self.settings.apply_threads):
+                self._worker_sessions.put(commit.spark.newSession())
+        sessions = self._worker_sessions
+
+        def run(task: Callable[[BatchCommit], Result]) -> Result:
+            session = sessions.get()
+            try:
+                return task(commit.fork(session))
+            finally:
+                sessions.put(session)
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = [pool.submit(inheritable_thread_target(commit.spark)(run), task) for task in tasks]
+            return [future.result() for future in futures]

@@ -70,11 +70,17 @@ def read(settings: Settings, projection: str) -> dict[str, Any]:
 
 class Steps:
     """Seconds per step of one batch, for `status --json` (where a slow batch's time goes).
-    A step done several times in a batch (once per table) adds up."""
+    A step done several times in a batch (once per table) adds up, also when the tables
+    ran at once (then the sum exceeds the batch's time)."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
         self._since = time.monotonic()
+
+    def add(self, other: "Steps") -> None:
+        """Another clock's seconds (a part of the batch run on a thread of its own)."""
+        for step, seconds in other.seconds.items():
+            self.seconds[step] = round(self.seconds.get(step, 0.0) + seconds, 3)
 
     def done(self, step: str) -> None:
         now = time.monotonic()

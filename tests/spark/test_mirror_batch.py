@@ -270,3 +270,28 @@ def test_a_table_whose_creation_was_killed_before_its_first_commit_is_created_ag
     ensure_table(spark, str(path), "id bigint, name string")
     spark.createDataFrame([(1, "a")], "id bigint, name string").write.format("delta").mode("append").save(str(path))
     assert [tuple(r) for r in spark.read.format("delta").load(str(path)).collect()] == [(1, "a")]
+
+
+def test_deletion_vectors_come_on_once_a_merge_copies_many_rows(spark, settings, monkeypatch):
+    """A mirror starts without deletion vectors (a small MERGE is cheaper rewriting files);
+    the first MERGE that copies more unchanged rows than the limit turns them on, and the
+    rows stay right across the switch."""
+    from sync.delta import merge
+    from sync.delta.merge import DELETION_VECTORS, table_properties
+
+    path = str(mirrors.mirror_path(settings, "widgets"))
+    apply = new_batch(spark, settings)
+    apply(batch(spark, [event("c", key, None, key, f"w{key}", "1.00") for key in range(1, 41)]), 0)
+    apply(batch(spark, [event("u", 1, 100, 101, "changed", "2.00")], 40), 1)  # copies 39 rows
+    assert table_properties(spark, path)[DELETION_VECTORS] == "false"
+
+    monkeypatch.setattr(merge, "COPIED_ROWS_FOR_DELETION_VECTORS", 30)
+    apply(batch(spark, [event("u", 2, 200, 201, "changed", "2.00")], 41), 2)  # copies 39 again: above 30
+    assert table_properties(spark, path)[DELETION_VECTORS] == "true"
+    apply(batch(spark, [event("u", 3, 300, 301, "changed", "2.00"), event("d", 4, 300, 302)], 42), 3)
+    rows = mirror(spark, settings)
+    assert len(rows) == 39 and 4 not in rows
+    assert [rows[k]["name"] for k in (1, 2, 3, 5)] == ["changed", "changed", "changed", "w5"]
+    files = DeltaTable.forPath(spark, path).history(1).first()["operationMetrics"]
+    # The last MERGE marked the changed rows' old versions; it copied none.
+    assert int(files["numTargetDeletionVectorsAdded"]) >= 1 and int(files["numTargetRowsCopied"]) == 0
