@@ -2,7 +2,9 @@
 
 One run, on the embedded stack named by the environment (`make bench` gives it its own
 home and ports), in this order so no two Spark drivers compete while one is timed:
-  1. Stack up; the demo schema seeded; the runner started and brought fresh.
+  1. Stack up; the demo schema seeded; the runner started and brought fresh. Then the
+     small-change latency: one customer row updated on the idle stack, timed until the
+     freshness barrier returns (every projection fresh), SMALL_CHANGES times.
   2. Freshness: a steady load (`--rate` change events/s for `--seconds`, bank transfers
      beside it) with the runner applying as it goes; the barrier; the freshness read
      from the tables at once (sync/bench/latency.py). Then, the load going on, OPTIMIZE
@@ -42,6 +44,7 @@ from sync.stack.background import start_background, stop_background
 
 RESULTS = ROOT / "bench" / "results"
 DEFAULT_SIZES = [100_000, 1_000_000, 10_000_000]
+SMALL_CHANGES = 7  # one-row changes timed on the idle stack (step 1)
 ALL_TOPICS = r"lakesync\.(public|events)\..+"  # every captured table and every outbox event topic
 
 
@@ -64,6 +67,7 @@ def run(settings: Settings, events: int, rate: float, seconds: float, sizes: lis
     _seed(settings)
     _runner(settings, start=True)
     _barrier(settings)
+    figures.update(_small_change_latency(settings, say))
 
     say(f"2/8 freshness: {rate:,.0f} change events/s for {seconds:.0f} s; then a mirror compacted under that load")
     window, figures["steady_events_per_s"] = _steady(settings, rate, seconds, say)
@@ -138,6 +142,26 @@ def _barrier(settings: Settings) -> None:
     from sync.commands import freshness
 
     freshness.wait(settings, timeout=1800)
+
+
+def _small_change_latency(settings: Settings, say) -> dict:
+    """Step 1: one row committed, on a stack with nothing else to do, until `wait` returns;
+    a customer, so the change goes through the mirrors, the changelog and the views."""
+    from sync import demo
+    from sync.bench import report
+
+    seconds = []
+    with demo.app_connect(settings) as conn:
+        conn.autocommit = True
+        for run in range(SMALL_CHANGES):
+            started = time.monotonic()
+            conn.execute("UPDATE customers SET tier = %s, updated_at = now() WHERE id = %s",
+                         (("gold", "silver")[run % 2], 1 + run))
+            _barrier(settings)
+            seconds.append(round(time.monotonic() - started, 3))
+    p50 = round(report.percentile(seconds, 50), 3)
+    say(f"  small change until fresh: p50 {p50} s ({', '.join(map(str, seconds))} s)")
+    return {"small_change_latency_p50_s": p50, "small_change_latency_runs_s": seconds}
 
 
 def _steady(settings: Settings, rate: float, seconds: float, say) -> tuple[tuple[datetime, datetime], float]:

@@ -18,6 +18,7 @@ GOALS = {
     "rebuild_events_per_s": (">=", 30_000, "rebuild from offset zero"),
     "merge_10m_vs_100k": (">=", 0.60, "merge rate at 10M rows / at 100k rows"),
     "ours_vs_peer": (">=", 2.0, "ours / hand-written peer (same records)"),
+    "small_change_latency_p50_s": ("<=", 2.0, "one row committed on an idle stack until `wait` returns, p50"),
 }
 ANCHORS = [
     {"what": "Debezium Postgres capture, streaming, tuned Connect, 4 vCPU", "events_per_s": 45_000,
