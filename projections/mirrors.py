@@ -136,7 +136,7 @@ class MirrorBatch(Batch):
         super().__init__(NAME, settings, fence)
         self.after_resnapshot = at_or_after(start_offsets(settings))
         self.tombstone_tables: set[str] = set()  # created in this run (or found), not checked again
-        self.finished = threading.Lock()
+        self.finished_lock = threading.Lock()  # guards the count of tables done in a batch
 
     def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome:
         # Read from Kafka once and kept for every pass below. A local checkpoint, not a
@@ -151,7 +151,7 @@ class MirrorBatch(Batch):
         def table_task(row) -> Callable[[BatchCommit], TableResult]:
             def run(table_commit: BatchCommit) -> TableResult:
                 result = self._table(table_commit, records, row)
-                with self.finished:
+                with self.finished_lock:
                     finished.append(result.name)
                     if len(finished) == 1 and len(topics) > 1:
                         crash_point("between_tables", self.settings.fault)
