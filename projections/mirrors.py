@@ -146,14 +146,15 @@ class MirrorBatch(Batch):
         steps.done("read")
         topics = self._tables(records)
         steps.done("plan")
-        finished: list[str] = []
+        tables_done = 0
 
         def table_task(row) -> Callable[[BatchCommit], TableResult]:
             def run(table_commit: BatchCommit) -> TableResult:
+                nonlocal tables_done
                 result = self._table(table_commit, records, row)
                 with self.finished_lock:
-                    finished.append(result.name)
-                    if len(finished) == 1 and len(topics) > 1:
+                    tables_done += 1
+                    if tables_done == 1 and len(topics) > 1:
                         crash_point("between_tables", self.settings.fault)
                 return result
             return run

@@ -139,16 +139,14 @@ def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
 COPIED_ROWS_FOR_DELETION_VECTORS = 100_000
 
 
-def deletion_vectors_if_copying(spark: SparkSession, path: str) -> bool:
+def deletion_vectors_if_copying(spark: SparkSession, path: str) -> None:
     """After a MERGE into `path` without deletion vectors: turn them on if that MERGE copied
-    more than COPIED_ROWS_FOR_DELETION_VECTORS unchanged rows. Returns whether it did. A
-    metadata commit; repeating it changes nothing."""
+    more than COPIED_ROWS_FOR_DELETION_VECTORS unchanged rows. A metadata commit;
+    repeating it changes nothing."""
     last = last_commit_info(path)
     copied = int((last.get("operationMetrics") or {}).get("numTargetRowsCopied", 0))
-    if last.get("operation") != "MERGE" or copied <= COPIED_ROWS_FOR_DELETION_VECTORS:
-        return False
-    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')")
-    return True
+    if last.get("operation") == "MERGE" and copied > COPIED_ROWS_FOR_DELETION_VECTORS:
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')")
 
 
 def last_commit_info(path: str) -> dict:

@@ -9,7 +9,7 @@ Per micro-batch, in order:
      `Steps` clock.
   3. `apply`: the projection's own work. It returns what it did, or None when the batch
      held nothing to apply (a metadata-only version of an input table). Independent
-     parts of it (the mirrors' tables) may run at once (`concurrently`), each on a Spark
+     parts of it (the mirrors' tables, the views' two chains) may run at once (`concurrently`), each on a Spark
      session of its own, so each part's Delta transaction tags stay its own.
   4. The progress record `status` reads, and the runner's metrics.
 Spark commits the batch's offsets after this returns; a crash anywhere above replays the
