@@ -31,7 +31,7 @@ from sync.config import CAPTURED_SCHEMA, Settings
 from sync.delta import catalog
 from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
-from sync.delta.merge import ensure_table
+from sync.delta.merge import ensure_table, last_commit_info
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
 from sync.streaming.progress import Outcome, Steps
@@ -81,22 +81,10 @@ class ChangelogBatch(Batch):
 
     def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome:
         path = changelog_path(self.settings)
-        rows = as_changelog(batch)
-        metrics = {}
-
-        def append() -> None:
-            rows.write.format("delta").mode("append").save(path)
-            metrics["rows"] = _rows_written(commit.spark, path)
-
-        commit(append)
-        return Outcome(applied={NAME: metrics.get("rows", 0)})
-
-
-def _rows_written(spark: SparkSession, path: str) -> int:
-    """Rows the last commit added, from Delta's own metrics (no second pass over the batch)."""
-    last = DeltaTable.forPath(spark, path).history(1).first()
-    metrics = (last["operationMetrics"] or {}) if last is not None else {}
-    return int(metrics.get("numOutputRows", 0))
+        commit.append(as_changelog(batch), path)
+        # Rows the last commit added, from Delta's own metrics: no second pass over the batch.
+        written = (last_commit_info(path).get("operationMetrics") or {}).get("numOutputRows", 0)
+        return Outcome(applied={NAME: int(written)})
 
 
 class Changelog(Projection):

@@ -36,8 +36,8 @@ from sync.delta import catalog, deadletters
 from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
-from sync.delta.merge import (DELETION_VECTORS, TOMBSTONE_COLUMNS, deletion_vectors_if_copying, ensure_table,
-                              latest_per_key, merge_changes, still_applicable, table_properties, tombstones_of)
+from sync.delta.merge import (TOMBSTONE_COLUMNS, ensure_table, inserts, last_commit_info, latest_per_key, merge_changes,
+                              never_written, still_applicable, table_properties, tombstones_of)
 from sync.delta.schema import IncompatibleChange, evolve, finish_backfill
 from sync.fault import crash_point
 from sync.projection import KafkaTopics, Projection, Target
@@ -252,8 +252,7 @@ class MirrorBatch(Batch):
         spark = commit.spark
         self.fence.check()  # the schema changes below commit outside the batch's commits
         keys = table.keys
-        # Created without deletion vectors; the first MERGE that copies many rows turns them on.
-        properties = {KEYS_PROPERTY: ",".join(keys), DELETION_VECTORS: "false", **self.fence.properties}
+        properties = {KEYS_PROPERTY: ",".join(keys), **self.fence.properties}
         target, recorded = evolve(spark, table.path, table.columns, PROVENANCE_DDL, table.records, properties)
         truncated_at = self._truncated_at(spark, table.path, recorded, table.truncated_at)
         steps.done("evolve")
@@ -269,10 +268,15 @@ class MirrorBatch(Batch):
         # the tombstones once more.
         latest = latest_per_key(still_applicable(good, keys, truncated_at, known_dead), keys).localCheckpoint()
         steps.done("latest_per_key")
-        metrics = {}
-        commit(lambda: metrics.update(merge_changes(target, latest, keys, table.truncated_at)), table.name)
-        if recorded.get(DELETION_VECTORS) == "false" and metrics:
-            deletion_vectors_if_copying(spark, table.path)
+        if never_written(table.path):
+            # Nothing to match (a new table, every table of a rebuild): an append inserts what
+            # the MERGE would, at a quarter of its cost (20 rows: 0.25 s, MERGE 0.97 s). A
+            # replay finds rows, so it MERGEs, and that commit is skipped as already applied.
+            commit.append(inserts(target, latest), table.path, table.name)
+            metrics = {"num_affected_rows": (last_commit_info(table.path).get("operationMetrics") or {})
+                       .get("numOutputRows", 0)}
+        else:
+            metrics = commit.merge(merge_changes(target, latest, keys, table.truncated_at), table.path, table.name)
         steps.done("merge")
         if table.deletes:
             if tombstones not in self.tombstone_tables:

@@ -20,7 +20,7 @@ from sync.delta import deadletters
 from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
-from sync.delta.merge import ensure_table, merge_metrics, table_properties
+from sync.delta.merge import ensure_table, table_properties
 from sync.errors import LakesyncError
 from sync.streaming.batch import Batch
 from sync.streaming.progress import Outcome, Steps
@@ -231,8 +231,7 @@ class EventTimeBatch(Batch):
         builder = builder.whenNotMatchedBySourceUpdate(
             condition=f"t.emission = '{eventtime.EARLY}' AND t.{view.end} <= {mark}",
             set={"emission": f"'{eventtime.FINAL}'", "_applied_at": "current_timestamp()", **(swept or {})})
-        metrics = {}
-        commit(lambda: metrics.update(merge_metrics(builder.execute())), view.table)
+        metrics = commit.merge(builder, path(self.settings, view.table), view.table)
         return int(metrics.get("num_affected_rows", 0))
 
     def _windows(self, commit: BatchCommit, view: View, windows_of, postings: list[dict], watermark: datetime):
@@ -297,9 +296,8 @@ class EventTimeBatch(Batch):
         spark = commit.spark
         source = self._frame(spark, LATE, late)
         on = " AND ".join(f"t.{k} = s.{k}" for k in LATE.keys)
-        metrics = {}
         builder = (DeltaTable.forPath(spark, path(self.settings, LATE.table)).alias("t")
                    .merge(source.alias("s"), on).whenNotMatchedInsertAll())
-        commit(lambda: metrics.update(merge_metrics(builder.execute())), LATE.table)
+        metrics = commit.merge(builder, path(self.settings, LATE.table), LATE.table)
         return int(metrics.get("num_inserted_rows", 0))
 

@@ -29,7 +29,7 @@ from projections.views.context import Context
 from sync.config import Settings
 from sync.delta import catalog
 from sync.delta.fencing import Fence
-from sync.delta.merge import ensure_table, merge_metrics
+from sync.delta.merge import ensure_table
 from sync.projection import Target
 
 NAME = "customer_history"
@@ -106,17 +106,12 @@ def apply(context: Context) -> int:
                                .select("id", F.col("since.valid_from_commit_lsn").alias("since_commit_lsn"),
                                        F.col("since.valid_from_lsn").alias("since_lsn"))
                                .localCheckpoint())
-    metrics = {}
-
-    def merge() -> None:
-        on = " AND ".join(f"t.{k} = s.{k}" for k in VERSION_KEY)
-        changed = ("NOT (t.valid_to_commit_lsn <=> s.valid_to_commit_lsn AND t.valid_to_lsn <=> s.valid_to_lsn "
-                   "AND t.is_current <=> s.is_current)")
-        builder = (DeltaTable.forPath(spark, target).alias("t").merge(merged.alias("s"), on)
-                   .whenMatchedUpdate(condition=changed, set={c: f"s.{c}" for c in (
-                       "valid_to_commit_lsn", "valid_to_lsn", "valid_to_ts", "is_current")})
-                   .whenNotMatchedInsertAll())
-        metrics.update(merge_metrics(builder.execute()))
-
-    context.commit(merge, NAME)
+    on = " AND ".join(f"t.{k} = s.{k}" for k in VERSION_KEY)
+    changed = ("NOT (t.valid_to_commit_lsn <=> s.valid_to_commit_lsn AND t.valid_to_lsn <=> s.valid_to_lsn "
+               "AND t.is_current <=> s.is_current)")
+    builder = (DeltaTable.forPath(spark, target).alias("t").merge(merged.alias("s"), on)
+               .whenMatchedUpdate(condition=changed, set={c: f"s.{c}" for c in (
+                   "valid_to_commit_lsn", "valid_to_lsn", "valid_to_ts", "is_current")})
+               .whenNotMatchedInsertAll())
+    metrics = context.commit.merge(builder, target, NAME)
     return int(metrics.get("num_affected_rows", 0))

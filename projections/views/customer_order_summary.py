@@ -22,7 +22,7 @@ from projections.views.context import Context
 from sync.config import Settings
 from sync.delta import catalog
 from sync.delta.fencing import Fence
-from sync.delta.merge import ensure_table, merge_metrics
+from sync.delta.merge import ensure_table
 from sync.projection import Target
 
 NAME = "customer_order_summary"
@@ -78,16 +78,11 @@ def apply(context: Context) -> int:
                     F.col("name").isNull().alias("_gone"),  # name is NOT NULL in Postgres: no row, no customer
                     F.current_timestamp().alias("_applied_at"))
             .localCheckpoint())
-    metrics = {}
     columns = [c for c in rows.columns if c != "_gone"]
-
-    def merge() -> None:
-        builder = (DeltaTable.forPath(spark, path(context.settings)).alias("t")
-                   .merge(rows.alias("s"), "t.customer_id = s.customer_id")
-                   .whenMatchedDelete(condition="s._gone")
-                   .whenMatchedUpdate(set={c: f"s.{c}" for c in columns})
-                   .whenNotMatchedInsert(condition="NOT s._gone", values={c: f"s.{c}" for c in columns}))
-        metrics.update(merge_metrics(builder.execute()))
-
-    context.commit(merge, NAME)
+    builder = (DeltaTable.forPath(spark, path(context.settings)).alias("t")
+               .merge(rows.alias("s"), "t.customer_id = s.customer_id")
+               .whenMatchedDelete(condition="s._gone")
+               .whenMatchedUpdate(set={c: f"s.{c}" for c in columns})
+               .whenNotMatchedInsert(condition="NOT s._gone", values={c: f"s.{c}" for c in columns}))
+    metrics = context.commit.merge(builder, path(context.settings), NAME)
     return int(metrics.get("num_affected_rows", 0))

@@ -39,7 +39,7 @@ from sync.compare import Report, compare
 from sync.config import Settings
 from sync.delta import catalog
 from sync.delta.fencing import Fence
-from sync.delta.merge import ensure_table, merge_metrics
+from sync.delta.merge import ensure_table
 from sync.projection import Target
 
 NAME = "ledger_enriched"
@@ -113,17 +113,12 @@ def apply(context: Context) -> int:
                 .localCheckpoint())
     if enriched.isEmpty():
         return 0
-    metrics = {}
-
-    def merge() -> None:
-        differs = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in CUSTOMER)
-        builder = (DeltaTable.forPath(spark, path(context.settings)).alias("t")
-                   .merge(enriched.alias("s"), "t.event_id = s.event_id")
-                   .whenMatchedUpdate(condition=differs, set={c: f"s.{c}" for c in [*CUSTOMER, "_applied_at"]})
-                   .whenNotMatchedInsertAll())
-        metrics.update(merge_metrics(builder.execute()))
-
-    context.commit(merge, NAME)
+    differs = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in CUSTOMER)
+    builder = (DeltaTable.forPath(spark, path(context.settings)).alias("t")
+               .merge(enriched.alias("s"), "t.event_id = s.event_id")
+               .whenMatchedUpdate(condition=differs, set={c: f"s.{c}" for c in [*CUSTOMER, "_applied_at"]})
+               .whenNotMatchedInsertAll())
+    metrics = context.commit.merge(builder, path(context.settings), NAME)
     return int(metrics.get("num_affected_rows", 0))
 
 

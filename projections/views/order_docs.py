@@ -41,7 +41,7 @@ from sync.compare import Report, compare, oracle_columns
 from sync.config import Settings
 from sync.delta import catalog
 from sync.delta.fencing import Fence
-from sync.delta.merge import ensure_table, merge_metrics
+from sync.delta.merge import ensure_table
 from sync.projection import Target
 
 NAME = "order_docs"
@@ -209,16 +209,10 @@ def commit(context: Context, fresh: DataFrame | None) -> int:
     """One MERGE of the prepared documents, then the search index (when configured)."""
     if fresh is None:
         return 0
-    spark = context.spark
     target = path(context.settings)
-    metrics = {}
-
-    def merge() -> None:
-        builder = (DeltaTable.forPath(spark, target).alias("t").merge(fresh.alias("s"), "t.order_id = s.order_id")
-                   .whenMatchedUpdateAll().whenNotMatchedInsertAll())
-        metrics.update(merge_metrics(builder.execute()))
-
-    context.commit(merge, NAME)
+    builder = (DeltaTable.forPath(context.spark, target).alias("t").merge(fresh.alias("s"), "t.order_id = s.order_id")
+               .whenMatchedUpdateAll().whenNotMatchedInsertAll())
+    metrics = context.commit.merge(builder, target, NAME)
     if context.settings.search_url:
         push(context.settings.search_url, fresh)
     return int(metrics.get("num_affected_rows", 0))

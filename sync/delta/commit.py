@@ -12,7 +12,7 @@ Steps of a commit (`BatchCommit`), in order:
   2. Crash point `before_delta_commit`: the table is unchanged; the batch replays.
   3. Fencing (sync/delta/fencing.py): if a newer run of this projection has taken a
      higher epoch, this writer is a zombie and aborts here, before writing.
-  4. Write (MERGE or append). Delta records (txnAppId, txnVersion) in the same atomic
+  4. Write (MERGE, `merge`, or append, `append`). Delta records (txnAppId, txnVersion) in the same atomic
      commit; a write whose txnVersion is not above the recorded one is skipped as
      already applied. An append (`append`) also carries them as the writer's options,
      which Delta takes before the session's: a DataFrame writes through the session it
@@ -20,6 +20,8 @@ Steps of a commit (`BatchCommit`), in order:
   5. Crash point `after_delta_commit`: the table holds the batch, but Spark has not yet
      recorded the batch as committed, so the batch replays and step 4 skips it.
   6. Clear the tags, so no later write in this session reuses them by accident.
+  7. After a MERGE that was not skipped: the deletion-vector rule (sync/delta/merge.py
+     `deletion_vectors_if_copying`), a commit of its own, untagged.
 Spark then writes the batch's commit marker; only after that does the next batch start.
 
 | crash point                          | what holds after restart                       |
@@ -42,9 +44,11 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+from delta.tables import DeltaMergeBuilder
 from pyspark.sql import DataFrame, SparkSession
 
 from sync.delta.fencing import Fence
+from sync.delta.merge import deletion_vectors_if_copying, merge_metrics
 from sync.fault import crash_point
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -83,6 +87,16 @@ class BatchCommit:
         finally:
             for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):  # step 6
                 conf.unset(key)
+
+    def merge(self, builder: DeltaMergeBuilder, path: str, part: str = "") -> dict[str, int]:
+        """MERGE into the Delta table at `path` (`builder` made on this commit's session) in
+        this batch's commit; Delta's metrics, empty when the commit was skipped as
+        already applied. Then step 7."""
+        metrics = {}
+        self(lambda: metrics.update(merge_metrics(builder.execute())), part)
+        if metrics:
+            deletion_vectors_if_copying(self.spark, path)
+        return metrics
 
     def append(self, frame: DataFrame, path: str, part: str = "") -> None:
         """Append `frame` to the Delta table at `path` in this batch's commit."""

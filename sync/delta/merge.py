@@ -26,7 +26,7 @@ import json
 import shutil
 from pathlib import Path
 
-from delta.tables import DeltaTable
+from delta.tables import DeltaMergeBuilder, DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -35,8 +35,9 @@ from sync.cdc.ordering import later, newer_than, newer_than_literal
 
 DELETION_VECTORS = "delta.enableDeletionVectors"
 TABLE_PROPERTIES = {
-    # MERGE marks deleted rows instead of rewriting files: cost follows the batch.
-    DELETION_VECTORS: "true",
+    # Every table starts without deletion vectors; a keyed table takes them on once a MERGE
+    # copies many rows (`deletion_vectors_if_copying`).
+    DELETION_VECTORS: "false",
     "delta.enableChangeDataFeed": "false",
     "delta.autoOptimize.optimizeWrite": "false",
 }
@@ -110,12 +111,34 @@ def table_properties(spark: SparkSession, path: str) -> dict[str, str]:
     return {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
 
 
+def never_written(path: str) -> bool:
+    """Whether no commit of the Delta table at `path` has added a data file yet (created,
+    at most altered since): read from its log files. False once it has a checkpoint (a
+    table with that many commits is not worth the reading)."""
+    log = Path(path) / "_delta_log"
+    if (log / "_last_checkpoint").exists():
+        return False
+    for commit in log.glob("[0-9]*.json"):
+        if any("add" in json.loads(line) for line in commit.read_text().splitlines() if line.strip()):
+            return False
+    return True
+
+
+def inserts(target: DeltaTable, latest: DataFrame) -> DataFrame:
+    """Step 3 into a table that has no rows: all the MERGE would do is insert the latest
+    changes that are not deletes. In the target's columns (null where the batch carries
+    none), for an append."""
+    carried = set(latest.columns)
+    return latest.where("_op != 'd'").select(*[
+        (F.col(f"`{f.name}`") if f.name in carried else F.lit(None)).cast(f.dataType).alias(f.name)
+        for f in target.toDF().schema.fields])
+
+
 def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
-                  truncated_at: tuple[int, int] | None = None) -> dict[str, int]:
-    """Step 3: MERGE `latest` (one change per key, from latest_per_key) into `target`;
-    `truncated_at` is the position of the batch's latest truncate of this table, if it
-    has one. Returns Delta's merge metrics (num_affected_rows, num_updated_rows,
-    num_deleted_rows, num_inserted_rows); empty when Delta skipped the commit."""
+                  truncated_at: tuple[int, int] | None = None) -> DeltaMergeBuilder:
+    """Step 3: the MERGE of `latest` (one change per key, from latest_per_key) into `target`,
+    for the batch's commit to execute (sync/delta/commit.py `merge`); `truncated_at` is the
+    position of the batch's latest truncate of this table, if it has one."""
     on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
     newer = newer_than("s", "t")
     written = [c for c in latest.columns if c != UNCHANGED]
@@ -129,20 +152,20 @@ def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
     if truncated_at is not None:
         merge = merge.whenNotMatchedBySourceDelete(
             condition=f"NOT {newer_than_literal(truncated_at, side='t')}")
-    return merge_metrics(merge.execute())
+    return merge
 
 
 # A MERGE without deletion vectors rewrites each file it touches whole: cheaper while the
 # table is small (20 changes into 1k rows here: 1.3 s without, 2.4 s with), dear once
-# its files are large. A keyed table starts without them (its creator says so) and takes
-# them on from the first MERGE that copied more unchanged rows than this.
+# its files are large. A table starts without them (TABLE_PROPERTIES) and takes them on
+# from the first MERGE that copied more unchanged rows than this.
 COPIED_ROWS_FOR_DELETION_VECTORS = 100_000
 
 
 def deletion_vectors_if_copying(spark: SparkSession, path: str) -> None:
-    """After a MERGE into `path` without deletion vectors: turn them on if that MERGE copied
-    more than COPIED_ROWS_FOR_DELETION_VECTORS unchanged rows. A metadata commit;
-    repeating it changes nothing."""
+    """After a MERGE into `path`: turn deletion vectors on if that MERGE copied more than
+    COPIED_ROWS_FOR_DELETION_VECTORS unchanged rows (one that marked rows with them copied
+    none). A metadata commit; repeating it changes nothing."""
     last = last_commit_info(path)
     copied = int((last.get("operationMetrics") or {}).get("numTargetRowsCopied", 0))
     if last.get("operation") == "MERGE" and copied > COPIED_ROWS_FOR_DELETION_VECTORS:

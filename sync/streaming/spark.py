@@ -57,7 +57,6 @@ def session(settings: Settings, app_name: str = "lakesync"):
         # Delta's own settings: its log state is small here; 50 partitions (the default)
         # cost seconds per commit on two cores.
         .config("spark.databricks.delta.snapshotPartitions", "2")
-        .config("spark.databricks.delta.properties.defaults.enableDeletionVectors", "true")
         .config("spark.databricks.delta.merge.repartitionBeforeWrite.enabled", "true")
         # MERGE would copy its source to disk first (1.3 s of a 3.7 s merge here) to guard
         # against a source that changes between its two passes; ours is a persisted,

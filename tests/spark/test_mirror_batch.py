@@ -117,6 +117,25 @@ def test_a_replayed_batch_is_a_noop(spark, settings):
     assert mirror(spark, settings)[1]["name"] == "next"
 
 
+def test_a_new_mirrors_first_batch_is_appended_and_its_replay_changes_nothing(spark, settings):
+    """A table with no rows has nothing to match: the latest changes that are not deletes are
+    appended. The batch's replay finds rows, MERGEs, and is skipped as already applied."""
+    apply = new_batch(spark, settings)
+    path = str(mirrors.mirror_path(settings, "widgets"))
+    first = [event("c", 1, 10, 11, "a", "1.00"), event("u", 1, 10, 12, "a2", "1.50"),
+             event("c", 2, 10, 13, "b", "2.00"), event("d", 2, 10, 14), event("d", 3, 10, 15)]
+    apply(batch(spark, first), 0)
+    last = DeltaTable.forPath(spark, path).history(1).first()
+    assert last["operation"] == "WRITE" and last["operationMetrics"]["numOutputRows"] == "1"
+    rows = mirror(spark, settings)
+    assert set(rows) == {1} and rows[1]["name"] == "a2" and rows[1]["price"] == Decimal("1.50")
+    apply(batch(spark, first), 0)
+    assert DeltaTable.forPath(spark, path).history(1).first()["version"] == last["version"]
+    apply(batch(spark, [event("u", 1, 20, 21, "later", "3.00")], 5), 1)
+    assert DeltaTable.forPath(spark, path).history(1).first()["operation"] == "MERGE"
+    assert mirror(spark, settings)[1]["name"] == "later"
+
+
 def test_tombstones_are_ignored(spark, settings):
     apply = new_batch(spark, settings)
     key, _ = event("c", 1, 10, 11, "a")
