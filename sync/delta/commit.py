@@ -12,9 +12,9 @@ Steps of a commit (`BatchCommit`), in order:
   2. Crash point `before_delta_commit`: the table is unchanged; the batch replays.
   3. Fencing (sync/delta/fencing.py): if a newer run of this projection has taken a
      higher epoch, this writer is a zombie and aborts here, before writing.
-  4. Write (MERGE, `merge`, or append, `append`). Delta records (txnAppId, txnVersion) in the same atomic
-     commit; a write whose txnVersion is not above the recorded one is skipped as
-     already applied. An append (`append`) also carries them as the writer's options,
+  4. Write (MERGE, `merge`; or append, `append`). Delta records (txnAppId, txnVersion)
+     in the same atomic commit; a write whose txnVersion is not above the recorded one
+     is skipped as already applied. An append also carries them as the writer's options,
      which Delta takes before the session's: a DataFrame writes through the session it
      was made in, which need not be this one.
   5. Crash point `after_delta_commit`: the table holds the batch, but Spark has not yet

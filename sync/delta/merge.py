@@ -7,6 +7,7 @@
    latest earlier change in the batch that did, else keeps the target's.
 3. MERGE on the key: a newer delete deletes, a newer upsert updates, an unseen key is
    inserted; a change that is not newer than the row is ignored (redeliveries, replays).
+   A table with no rows yet takes the batch as an append instead (`inserts`): same rows.
    A truncate in the batch also removes every target row older than it.
 4. Record the batch's deletes as tombstones (key and source position) in a side table,
    so the table itself holds only live rows and readers need no filter. Appended, not
