@@ -36,8 +36,8 @@ from sync.delta import catalog, deadletters
 from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
-from sync.delta.merge import (TOMBSTONE_COLUMNS, ensure_table, inserts, last_commit_info, latest_per_key, merge_changes,
-                              never_written, still_applicable, table_properties, tombstones_of)
+from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, inserts, last_commit_info, latest_per_key,
+                              merge_changes, never_written, still_applicable, table_properties, tombstones_of)
 from sync.delta.schema import IncompatibleChange, evolve, finish_backfill
 from sync.fault import crash_point
 from sync.projection import KafkaTopics, Projection, Target
@@ -316,6 +316,9 @@ class MirrorBatch(Batch):
         swept = self.progress.state.setdefault("tombstones_swept_at", {})
         if time.time() - swept.get(table, 0) < 3600 or not DeltaTable.isDeltaTable(spark, path):
             return
+        created = created_at(path)
+        if created is not None and time.time() - created < self.settings.tombstone_hours * 3600:
+            return  # no tombstone is older than its table (a new one, every one of a rebuild)
         horizon = F.expr(f"current_timestamp() - INTERVAL {int(self.settings.tombstone_hours)} HOURS")
         DeltaTable.forPath(spark, path).delete(F.col("_applied_at") < horizon)
         swept[table] = time.time()

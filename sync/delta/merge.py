@@ -196,6 +196,20 @@ def last_commit_info(path: str) -> dict:
     return {}
 
 
+def created_at(path: str) -> float | None:
+    """When the Delta table at `path` was created (its first commit's time, seconds since
+    the epoch), from that commit's log file; None when there is none (no table, or a log
+    cleaned up to its checkpoints, which only an old table has)."""
+    first = Path(path) / "_delta_log" / f"{0:020d}.json"
+    if not first.exists():
+        return None
+    for line in first.read_text().splitlines():
+        action = json.loads(line)
+        if "commitInfo" in action:
+            return action["commitInfo"]["timestamp"] / 1000
+    return None
+
+
 def merge_metrics(result: DataFrame | None) -> dict[str, int]:
     """Delta's metrics of one MERGE (num_affected_rows, ...); empty when Delta skipped
     the commit as already applied (commit.py: same txnAppId and txnVersion)."""

@@ -281,6 +281,15 @@ def test_tombstones_older_than_the_horizon_are_swept(spark, settings):
     assert DeltaTable.forPath(spark, path).history(1).first()["operation"] == "DELETE"
 
 
+def test_a_tombstone_table_younger_than_the_horizon_is_not_swept(spark, settings):
+    """Tombstones are swept by write time, so none is older than its table: nothing to delete."""
+    apply = new_batch(spark, settings)
+    apply(batch(spark, [event("c", 1, 10, 11, "a"), event("d", 1, 20, 21)]), 0)
+    path = str(mirrors.tombstone_path(settings, "widgets"))
+    assert spark.read.format("delta").load(path).count() == 1
+    assert "DELETE" not in {r["operation"] for r in DeltaTable.forPath(spark, path).history().collect()}
+
+
 def test_a_table_whose_creation_was_killed_before_its_first_commit_is_created_again(spark, settings):
     # What a runner killed inside the first commit leaves (seen in the chaos run): a log
     # with Delta's staging folder and no version, which Delta neither opens nor creates over.
