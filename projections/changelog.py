@@ -31,7 +31,7 @@ from sync.config import CAPTURED_SCHEMA, Settings
 from sync.delta import catalog
 from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
-from sync.delta.merge import ensure_table, last_commit_info
+from sync.delta.merge import ensure_table, rows_added
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
 from sync.streaming.progress import Outcome, Steps
@@ -82,9 +82,7 @@ class ChangelogBatch(Batch):
     def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome:
         path = changelog_path(self.settings)
         commit.append(as_changelog(batch), path)
-        # Rows the last commit added, from Delta's own metrics: no second pass over the batch.
-        written = (last_commit_info(path).get("operationMetrics") or {}).get("numOutputRows", 0)
-        return Outcome(applied={NAME: int(written)})
+        return Outcome(applied={NAME: rows_added(path)})
 
 
 class Changelog(Projection):

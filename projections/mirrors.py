@@ -36,8 +36,8 @@ from sync.delta import catalog, deadletters
 from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
-from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, inserts, last_commit_info, latest_per_key,
-                              merge_changes, never_written, still_applicable, table_properties, tombstones_of)
+from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, inserts, latest_per_key, merge_changes,
+                              never_written, rows_added, still_applicable, table_properties, tombstones_of)
 from sync.delta.schema import IncompatibleChange, evolve, finish_backfill
 from sync.fault import crash_point
 from sync.projection import KafkaTopics, Projection, Target
@@ -273,8 +273,7 @@ class MirrorBatch(Batch):
             # the MERGE would, at a quarter of its cost (20 rows: 0.25 s, MERGE 0.97 s). Its
             # replay is skipped like any commit of the batch (same txnAppId and txnVersion).
             commit.append(inserts(target, latest), table.path, table.name)
-            metrics = {"num_affected_rows": (last_commit_info(table.path).get("operationMetrics") or {})
-                       .get("numOutputRows", 0)}
+            metrics = {"num_affected_rows": rows_added(table.path)}
         else:
             metrics = commit.merge(merge_changes(target, latest, keys, table.truncated_at), table.path, table.name)
         steps.done("merge")

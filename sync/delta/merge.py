@@ -196,6 +196,12 @@ def last_commit_info(path: str) -> dict:
     return {}
 
 
+def rows_added(path: str) -> int:
+    """Rows the latest commit of the Delta table at `path` added (an append's
+    numOutputRows), from its log file: no second pass over what was written."""
+    return int((last_commit_info(path).get("operationMetrics") or {}).get("numOutputRows", 0))
+
+
 def created_at(path: str) -> float | None:
     """When the Delta table at `path` was created (its first commit's time, seconds since
     the epoch), from that commit's log file; None when there is none (no table, or a log
