@@ -316,10 +316,11 @@ class MirrorBatch(Batch):
         if time.time() - swept.get(table, 0) < 3600 or not DeltaTable.isDeltaTable(spark, path):
             return
         created = created_at(path)
-        if created is not None and time.time() - created < self.settings.tombstone_hours * 3600:
-            return  # no tombstone is older than its table (a new one, every one of a rebuild)
-        horizon = F.expr(f"current_timestamp() - INTERVAL {int(self.settings.tombstone_hours)} HOURS")
-        DeltaTable.forPath(spark, path).delete(F.col("_applied_at") < horizon)
+        # No tombstone is older than its table: a younger one (a new table, every one of a
+        # rebuild) has nothing to sweep, and counts as swept until the next hour's check.
+        if created is None or time.time() - created >= self.settings.tombstone_hours * 3600:
+            horizon = F.expr(f"current_timestamp() - INTERVAL {int(self.settings.tombstone_hours)} HOURS")
+            DeltaTable.forPath(spark, path).delete(F.col("_applied_at") < horizon)
         swept[table] = time.time()
 
 

@@ -186,7 +186,11 @@ def last_commit_info(path: str) -> dict:
         version = 0
     while (log / f"{version + 1:020d}.json").exists():
         version += 1
-    commit = log / f"{version:020d}.json"
+    return _commit_info(log / f"{version:020d}.json")
+
+
+def _commit_info(commit: Path) -> dict:
+    """The commitInfo action of one commit's log file; empty when the file is gone."""
     if not commit.exists():
         return {}
     for line in commit.read_text().splitlines():
@@ -206,14 +210,8 @@ def created_at(path: str) -> float | None:
     """When the Delta table at `path` was created (its first commit's time, seconds since
     the epoch), from that commit's log file; None when there is none (no table, or a log
     cleaned up to its checkpoints, which only an old table has)."""
-    first = Path(path) / "_delta_log" / f"{0:020d}.json"
-    if not first.exists():
-        return None
-    for line in first.read_text().splitlines():
-        action = json.loads(line)
-        if "commitInfo" in action:
-            return action["commitInfo"]["timestamp"] / 1000
-    return None
+    first = _commit_info(Path(path) / "_delta_log" / f"{0:020d}.json")
+    return first["timestamp"] / 1000 if first else None
 
 
 def merge_metrics(result: DataFrame | None) -> dict[str, int]:
