@@ -3,6 +3,14 @@
 Every jar comes from build/jvm/spark (resolved ahead of time by Maven); a jar whose
 artifact pyspark already ships is left out, so one version of each library is loaded.
 Nothing is resolved online when Spark starts.
+
+Every Spark process (the runner, a rebuild, verify, the tests' session) starts a JVM that
+loads and verifies some 16,000 classes of Spark, Delta and Kafka before its first batch.
+`make jars` records them once in a class archive (`archive_classes`: the JVM's
+class-data sharing, written by a session doing what the projections do), and every
+session maps it instead: 3.9 s less from start to the first Delta write here (13.2 s
+without, 9.3 s with). A JDK or jar that no longer matches the archive makes the JVM
+ignore it silently (the logging options below), and start as it would without.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from sync.config import Settings
@@ -34,11 +43,21 @@ def spark_jars(settings: Settings) -> list[str]:
     return [str(j) for j in ours if artifact(j) not in shipped]
 
 
-def session(settings: Settings, app_name: str = "lakesync"):
+def class_archive(settings: Settings) -> Path:
+    return settings.jars / "spark-classes.jsa"
+
+
+# Class-data sharing quiet: a mismatched archive is no reason to print to the commands' output.
+_QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def session(settings: Settings, app_name: str = "lakesync", java_options: str = ""):
     """A Spark session for the runner, verify and the tests (one per process)."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if not java_options and class_archive(settings).exists():
+        java_options = f"-XX:SharedArchiveFile={class_archive(settings)} {_QUIET_CDS}"
     builder = (
         SparkSession.builder.appName(app_name)
         .master(settings.spark_master)
@@ -68,8 +87,57 @@ def session(settings: Settings, app_name: str = "lakesync"):
         .config("spark.databricks.delta.merge.materializeSource", "none")
         .config("spark.sql.warehouse.dir", str(settings.home / "spark-warehouse"))
         .config("spark.driver.extraJavaOptions",
-                f"-Duser.timezone=UTC -Dderby.system.home={settings.home / 'derby'}")
+                f"-Duser.timezone=UTC -Dderby.system.home={settings.home / 'derby'} {java_options}")
     )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def archive_classes(settings: Settings) -> Path:
+    """Write the class archive (`make jars`): a session on the same class path as every
+    later one, doing what the projections do (a Kafka stream planned, Delta created,
+    appended to with a transaction id, merged into, streamed from, read back), records
+    every class it loaded as its JVM exits."""
+    import shutil
+    import tempfile
+
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    archive = class_archive(settings)
+    archive.unlink(missing_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="lakesync-classes-"))
+    spark = session(replace(settings, home=work), "lakesync-classes",
+                    f"-XX:ArchiveClassesAtExit={archive} {_QUIET_CDS}")
+    try:
+        table, copy = str(work / "table"), str(work / "copy")
+        (spark.readStream.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
+         .option("subscribePattern", "classes").load()
+         .select(F.get_json_object(F.col("value").cast("string"), "$.payload.op")).schema)
+        rows = spark.range(100).select("id", F.to_json(F.struct("id")).alias("value"))
+        (rows.select("id", F.from_json("value", "id bigint").alias("parsed"), F.current_timestamp().alias("at"))
+         .write.format("delta").option("txnAppId", "classes").option("txnVersion", 1).save(table))
+        changes = spark.range(50, 150).select("id", F.lit(None).cast("struct<id:bigint>").alias("parsed"),
+                                              F.current_timestamp().alias("at"))
+        latest = changes.groupBy("id").agg(F.max_by("parsed", "at").alias("parsed"), F.max("at").alias("at"))
+        (DeltaTable.forPath(spark, table).alias("t").merge(latest.localCheckpoint().alias("s"), "t.id = s.id")
+         .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
+        query = (spark.readStream.format("delta").load(table).writeStream.trigger(availableNow=True)
+                 .option("checkpointLocation", str(work / "checkpoint"))
+                 .foreachBatch(lambda batch, _: batch.write.format("delta").mode("append").save(copy)).start())
+        query.awaitTermination()
+        spark.read.format("delta").load(copy).join(spark.read.format("delta").load(table), "id").count()
+    finally:
+        jvm = spark.sparkContext._gateway.proc
+        spark.stop()
+        jvm.stdin.close()  # the JVM exits when its parent's pipe closes, writing the archive:
+        jvm.wait()         # wait for it, so no later JVM maps a half-written one
+        shutil.rmtree(work, ignore_errors=True)
+    return archive
+
+
+if __name__ == "__main__":  # make jars
+    from sync.config import load
+
+    print(f"class archive: {archive_classes(load())}")
