@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from projections import changelog
 from projections.ledger import projection as ledger
@@ -55,6 +56,7 @@ from sync.streaming.offsets import Offsets
 
 VOLATILE = {"_applied_at"}  # when our job wrote the row, not what it wrote
 VERIFY_DRAIN_SECONDS = 600  # how long step 2b waits for the live runner
+LIVE, REBUILT = "__lakesync_live", "__lakesync_rebuilt"  # step 2d's count of a row on each side
 
 
 class RebuildFailed(LakesyncError):
@@ -189,7 +191,11 @@ def _pairs(settings: Settings, shadow: Settings, projection: Projection) -> list
 
 
 def compare(spark: SparkSession, live: Target | None, rebuilt: Target | None) -> Comparison:
-    """Every row of one table against the other, both ways (a multiset difference)."""
+    """Every row of one table against the other, both ways (a multiset difference), in one
+    pass over each: the two sides' rows are grouped together, each group counts its rows
+    on either side, and a group whose counts differ is a difference (every key in it, or
+    each surplus row of a table without keys). Only a difference is read again, for the
+    sample."""
     def load(target):
         if target is None or not (Path(target.table) / "_delta_log").is_dir():
             return None
@@ -207,12 +213,23 @@ def compare(spark: SparkSession, live: Target | None, rebuilt: Target | None) ->
     if left.columns != right.columns:
         return Comparison(name, left.count(), right.count(), 1,
                           [f"columns differ: live {left.columns}, rebuilt {right.columns}"])
-    differing = left.exceptAll(right).unionByName(right.exceptAll(left))
-    if keys:
-        differing = differing.select(*keys).distinct()
-    count = differing.count()
-    sample = [row.asDict() for row in differing.limit(5).collect()] if count else []
-    return Comparison(name, left.count(), right.count(), count, sample)
+    on_left, on_right = F.col(f"`{LIVE}`"), F.col(f"`{REBUILT}`")
+    groups = (left.select("*", F.lit(1).alias(LIVE), F.lit(0).alias(REBUILT))
+              .unionByName(right.select("*", F.lit(0).alias(LIVE), F.lit(1).alias(REBUILT)))
+              .groupBy(*[F.col(f"`{c}`") for c in left.columns])
+              .agg(F.sum(on_left).alias(LIVE), F.sum(on_right).alias(REBUILT)))
+    differs = on_left != on_right
+    counted = (F.count_distinct(F.when(differs, F.struct(*[F.col(f"`{k}`") for k in keys]))) if keys
+               else F.sum(F.when(differs, F.abs(on_left - on_right))))
+    totals = groups.agg(F.sum(on_left), F.sum(on_right), counted).first()
+    live_rows, rebuilt_rows, count = (int(value or 0) for value in totals)
+    sample = []
+    if count:
+        differing = groups.where(differs).drop(LIVE, REBUILT)
+        if keys:
+            differing = differing.select(*[F.col(f"`{k}`") for k in keys]).distinct()
+        sample = [row.asDict() for row in differing.limit(5).collect()]
+    return Comparison(name, live_rows, rebuilt_rows, count, sample)
 
 
 def _swap(settings: Settings, builds: list[Build], say) -> None:
