@@ -8,8 +8,8 @@ Every Spark process (the runner, a rebuild, verify, the tests' session) starts a
 loads and verifies some 16,000 classes of Spark, Delta and Kafka before its first batch.
 `make jars` records them once in a class archive (`archive_classes`: the JVM's
 class-data sharing, written by a session doing what the projections do), and every
-session maps it instead: 3.9 s less from start to the first Delta write here (13.2 s
-without, 9.3 s with). A JDK or jar that no longer matches the archive makes the JVM
+session maps it instead: from start to the first Delta write and read back 12.4 s
+without, 9.0 s with (docs/benchmark.md). A JDK or jar that no longer matches the archive makes the JVM
 ignore it silently (the logging options below), and start as it would without.
 """
 
@@ -52,7 +52,8 @@ _QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
 def session(settings: Settings, app_name: str = "lakesync", java_options: str = ""):
-    """A Spark session for the runner, verify and the tests (one per process)."""
+    """A Spark session for the runner, verify and the tests (one per process). The driver
+    JVM maps the class archive, unless `java_options` says otherwise (`archive_classes`)."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
