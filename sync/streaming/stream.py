@@ -8,6 +8,7 @@ that commits idempotently (sync/delta/commit.py).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -36,12 +37,28 @@ def read_topics(spark: SparkSession, settings: Settings, topics: KafkaTopics) ->
 def run_batches(records: DataFrame, name: str, apply: Callable[[DataFrame, int], None],
                 settings: Settings, once: bool) -> StreamingQuery:
     """Start query `name`: availableNow when `once`, else a processing-time trigger."""
+    checkpoint = catalog.checkpoint(settings, name)
+    remove_partial_log_writes(checkpoint)
     writer = (records.writeStream.queryName(name)
-              .option("checkpointLocation", str(catalog.checkpoint(settings, name)))
+              .option("checkpointLocation", str(checkpoint))
               .foreachBatch(apply))
     writer = writer.trigger(availableNow=True) if once else writer.trigger(
         processingTime=f"{settings.trigger_seconds} seconds")
     return writer.start()
+
+
+def remove_partial_log_writes(checkpoint: Path) -> list[Path]:
+    """Remove what a killed process left half-written in the checkpoint's offset and
+    commit logs: Spark writes each entry to a hidden temporary file (`.<batch>.<uuid>.tmp`,
+    with its `.crc`) and renames it into place, so such a file was never an entry and is
+    never read. But a query whose first offsets entry was being written when the process
+    died finds its offsets directory not empty at batch 0, and Spark 4.2 then refuses to
+    start it (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY) until someone deletes them."""
+    partial = [f for log in ("offsets", "commits") for f in (checkpoint / log).glob(".*.tmp*")
+               if f.name.endswith((".tmp", ".tmp.crc"))]
+    for file in partial:
+        file.unlink(missing_ok=True)
+    return partial
 
 
 # -- after a resnapshot (sync/commands/resnapshot.py), projections start at the new snapshot --
