@@ -47,18 +47,17 @@ def run_batches(records: DataFrame, name: str, apply: Callable[[DataFrame, int],
     return writer.start()
 
 
-def remove_partial_log_writes(checkpoint: Path) -> list[Path]:
+def remove_partial_log_writes(checkpoint: Path) -> None:
     """Remove what a killed process left half-written in the checkpoint's offset and
     commit logs: Spark writes each entry to a hidden temporary file (`.<batch>.<uuid>.tmp`,
     with its `.crc`) and renames it into place, so such a file was never an entry and is
     never read. But a query whose first offsets entry was being written when the process
     died finds its offsets directory not empty at batch 0, and Spark 4.2 then refuses to
-    start it (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY) until someone deletes them."""
-    partial = [f for log in ("offsets", "commits") for f in (checkpoint / log).glob(".*.tmp*")
-               if f.name.endswith((".tmp", ".tmp.crc"))]
-    for file in partial:
-        file.unlink(missing_ok=True)
-    return partial
+    start it (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY, SPARK-53103) until someone deletes them."""
+    for log in ("offsets", "commits"):
+        for file in (checkpoint / log).glob(".*.tmp*"):
+            if file.name.endswith((".tmp", ".tmp.crc")):
+                file.unlink(missing_ok=True)
 
 
 # -- after a resnapshot (sync/commands/resnapshot.py), projections start at the new snapshot --
