@@ -214,12 +214,13 @@ def compare(spark: SparkSession, live: Target | None, rebuilt: Target | None) ->
         return Comparison(name, left.count(), right.count(), 1,
                           [f"columns differ: live {left.columns}, rebuilt {right.columns}"])
     on_left, on_right = F.col(f"`{LIVE}`"), F.col(f"`{REBUILT}`")
+    key_columns = [F.col(f"`{k}`") for k in keys]
     groups = (left.select("*", F.lit(1).alias(LIVE), F.lit(0).alias(REBUILT))
               .unionByName(right.select("*", F.lit(0).alias(LIVE), F.lit(1).alias(REBUILT)))
               .groupBy(*[F.col(f"`{c}`") for c in left.columns])
               .agg(F.sum(on_left).alias(LIVE), F.sum(on_right).alias(REBUILT)))
     differs = on_left != on_right
-    counted = (F.count_distinct(F.when(differs, F.struct(*[F.col(f"`{k}`") for k in keys]))) if keys
+    counted = (F.count_distinct(F.when(differs, F.struct(*key_columns))) if keys
                else F.sum(F.when(differs, F.abs(on_left - on_right))))
     totals = groups.agg(F.sum(on_left), F.sum(on_right), counted).first()
     live_rows, rebuilt_rows, count = (int(value or 0) for value in totals)
@@ -227,7 +228,7 @@ def compare(spark: SparkSession, live: Target | None, rebuilt: Target | None) ->
     if count:
         differing = groups.where(differs).drop(LIVE, REBUILT)
         if keys:
-            differing = differing.select(*[F.col(f"`{k}`") for k in keys]).distinct()
+            differing = differing.select(*key_columns).distinct()
         sample = [row.asDict() for row in differing.limit(5).collect()]
     return Comparison(name, live_rows, rebuilt_rows, count, sample)
 

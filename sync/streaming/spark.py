@@ -9,8 +9,9 @@ loads and verifies some 16,000 classes of Spark, Delta and Kafka before its firs
 `make jars` records them once in a class archive (`archive_classes`: the JVM's
 class-data sharing, written by a session doing what the projections do), and every
 session maps it instead: from start to the first Delta write and read back 12.4 s
-without, 9.0 s with (docs/benchmark.md). A JDK or jar that no longer matches the archive makes the JVM
-ignore it silently (the logging options below), and start as it would without.
+without, 9.0 s with (docs/benchmark.md). A JDK or jar that no longer matches the archive
+makes the JVM ignore it silently (the logging options below), and start as it would
+without.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if not java_options and class_archive(settings).exists():
-        java_options = f"-XX:SharedArchiveFile={class_archive(settings)} {_QUIET_CDS}"
+    archive = class_archive(settings)
+    if not java_options and archive.exists():
+        java_options = f"-XX:SharedArchiveFile={archive} {_QUIET_CDS}"
     builder = (
         SparkSession.builder.appName(app_name)
         .master(settings.spark_master)

@@ -53,10 +53,11 @@ def remove_partial_log_writes(checkpoint: Path) -> None:
     with its `.crc`) and renames it into place, so such a file was never an entry and is
     never read. But a query whose first offsets entry was being written when the process
     died finds its offsets directory not empty at batch 0, and Spark 4.2 then refuses to
-    start it (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY, SPARK-53103) until someone deletes them."""
+    start it (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY, SPARK-53103) until someone
+    deletes them."""
     for log in ("offsets", "commits"):
-        for file in (checkpoint / log).glob(".*.tmp*"):
-            if file.name.endswith((".tmp", ".tmp.crc")):
+        for pattern in (".*.tmp", ".*.tmp.crc"):
+            for file in (checkpoint / log).glob(pattern):
                 file.unlink(missing_ok=True)
 
 
