@@ -15,8 +15,10 @@ CLASSES := build/jvm/spark-classes.jsa
 demo: venv jars
 	$(BIN)/lakesync demo
 
+# Two workers (pytest-xdist): the end-to-end tests in one, everything needing no stack in the
+# other (the groups: tests/conftest.py).
 test: venv jars
-	$(BIN)/python -m pytest tests --ignore=tests/chaos
+	$(BIN)/python -m pytest tests --ignore=tests/chaos -n 2 --dist loadgroup
 
 # Kills and restarts under a workload; its own stack session (.ci/run runs it after test).
 chaos: venv jars

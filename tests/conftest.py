@@ -26,6 +26,26 @@ for _name, _value in TEST_ENV.items():
 os.environ.pop("PGPASSFILE", None)  # the test stack's own pgpass, set by config.load()
 
 
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`) and two groups:
+    the end-to-end tests share one stack and one runner, so they run in one worker, in
+    the order tests/e2e/conftest.py gives them; the tests that need no stack (unit, Spark
+    batch functions, the search sink on its own node) run in the other, beside them, on
+    the cores the end-to-end tests leave idle while they wait for the pipeline. (The
+    groups by folder, not by xdist_group marks: pytest 9's node ids cannot take the
+    group suffix pytest-xdist 3.8 appends to them.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class StackApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "stack" if nodeid.startswith("tests/e2e/") else "local"
+
+    return StackApart(config, log)
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session (Delta enabled) for every test that needs one."""
