@@ -5,6 +5,8 @@ developer's demo stack), set here before anything reads the configuration.
 """
 
 import os
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -26,15 +28,21 @@ for _name, _value in TEST_ENV.items():
 os.environ.pop("PGPASSFILE", None)  # the test stack's own pgpass, set by config.load()
 
 
+# -- make test: two pytest-xdist workers (`-n 2 --dist loadgroup`) --------------------------
+# The end-to-end tests share one stack and one runner, so they run in one worker, in the
+# order tests/e2e/conftest.py gives them. The tests that need no stack (unit, Spark batch
+# functions, the search sink on its own node) run in the other, beside them, once the
+# rebuild test is over: that test keeps both cores busy on its own (beside it, it took
+# 710 s instead of 441 s), the end-to-end tests after it mostly wait for the pipeline.
+REBUILD_TEST = "tests/e2e/test_rebuild.py"
+REBUILD_WAIT_SECONDS = 1800  # then the local tests start anyway (the rebuild test hangs or its worker died)
+_WAITED = pytest.StashKey[bool]()
+
+
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`) and two groups:
-    the end-to-end tests share one stack and one runner, so they run in one worker, in
-    the order tests/e2e/conftest.py gives them; the tests that need no stack (unit, Spark
-    batch functions, the search sink on its own node) run in the other, beside them, on
-    the cores the end-to-end tests leave idle while they wait for the pipeline. (The
-    groups by folder, not by xdist_group marks: pytest 9's node ids cannot take the
-    group suffix pytest-xdist 3.8 appends to them.)"""
+    """The two groups, by folder (not by xdist_group marks: pytest 9's node ids cannot
+    take the group suffix pytest-xdist 3.8 appends to them)."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -44,6 +52,32 @@ def pytest_xdist_make_scheduler(config, log):
             return "stack" if nodeid.startswith("tests/e2e/") else "local"
 
     return StackApart(config, log)
+
+
+def _rebuild_done(config) -> Path | None:
+    """The file the end-to-end worker writes once the rebuild test is over (None unless
+    this is a worker of an xdist run whose tests include the rebuild test)."""
+    run = getattr(config, "workerinput", {}).get("testrunuid")
+    return Path(tempfile.gettempdir()) / f"lakesync-tests-{run}.rebuilt" if run else None
+
+
+def pytest_runtest_teardown(item, nextitem):
+    done = _rebuild_done(item.config)
+    if done and item.nodeid.startswith(REBUILD_TEST) and not (nextitem and nextitem.nodeid.startswith(REBUILD_TEST)):
+        done.touch()
+
+
+@pytest.fixture(autouse=True)
+def after_the_rebuild_test(request):
+    """A test needing no stack waits (once) for the rebuild test, when both run."""
+    done = _rebuild_done(request.config)
+    if (done and not request.node.get_closest_marker("e2e") and not request.session.stash.get(_WAITED, False)
+            and any(item.nodeid.startswith(REBUILD_TEST) for item in request.session.items)):
+        deadline = time.monotonic() + REBUILD_WAIT_SECONDS
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(1)  # polls another process' progress; bounded by the deadline
+        request.session.stash[_WAITED] = True
+        done.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
