@@ -5,8 +5,6 @@ developer's demo stack), set here before anything reads the configuration.
 """
 
 import os
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -31,12 +29,11 @@ os.environ.pop("PGPASSFILE", None)  # the test stack's own pgpass, set by config
 # -- make test: two pytest-xdist workers (`-n 2 --dist loadgroup`) --------------------------
 # The end-to-end tests share one stack and one runner, so they run in one worker, in the
 # order tests/e2e/conftest.py gives them. The tests that need no stack (unit, Spark batch
-# functions, the search sink on its own node) run in the other, beside them, once the
-# rebuild test is over: that test keeps both cores busy on its own (beside it, it took
-# 710 s instead of 441 s), the end-to-end tests after it mostly wait for the pipeline.
-REBUILD_TEST = "tests/e2e/test_rebuild.py"
-REBUILD_WAIT_SECONDS = 1800  # then the local tests start anyway (the rebuild test hangs or its worker died)
-_WAITED = pytest.StashKey[bool]()
+# functions, the search sink on its own node) run in the other at the lowest CPU priority,
+# which the Spark JVM and the OpenSearch node they start inherit: they take the CPU the
+# end-to-end tests leave idle while they wait for the pipeline, and little from those that
+# keep both cores busy (at equal priority the rebuild test took 710 s instead of 441 s).
+LOCAL_NICENESS = 19
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -54,30 +51,10 @@ def pytest_xdist_make_scheduler(config, log):
     return StackApart(config, log)
 
 
-def _rebuild_done(config) -> Path | None:
-    """The file the end-to-end worker writes once the rebuild test is over (None unless
-    this is a worker of an xdist run whose tests include the rebuild test)."""
-    run = getattr(config, "workerinput", {}).get("testrunuid")
-    return Path(tempfile.gettempdir()) / f"lakesync-tests-{run}.rebuilt" if run else None
-
-
-def pytest_runtest_teardown(item, nextitem):
-    done = _rebuild_done(item.config)
-    if done and item.nodeid.startswith(REBUILD_TEST) and not (nextitem and nextitem.nodeid.startswith(REBUILD_TEST)):
-        done.touch()
-
-
-@pytest.fixture(autouse=True)
-def after_the_rebuild_test(request):
-    """A test needing no stack waits (once) for the rebuild test, when both run."""
-    done = _rebuild_done(request.config)
-    if (done and not request.node.get_closest_marker("e2e") and not request.session.stash.get(_WAITED, False)
-            and any(item.nodeid.startswith(REBUILD_TEST) for item in request.session.items)):
-        deadline = time.monotonic() + REBUILD_WAIT_SECONDS
-        while not done.exists() and time.monotonic() < deadline:
-            time.sleep(1)  # polls another process' progress; bounded by the deadline
-        request.session.stash[_WAITED] = True
-        done.unlink(missing_ok=True)
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures start any process
+def pytest_runtest_setup(item):
+    if hasattr(item.config, "workerinput") and not item.get_closest_marker("e2e"):
+        os.nice(LOCAL_NICENESS - os.nice(0))  # (os.nice adds to the niceness; 0 once it is there)
 
 
 @pytest.fixture(scope="session")
