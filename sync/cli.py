@@ -58,10 +58,12 @@ def cmd_run(settings, args) -> int:
 
 
 def cmd_wait(settings, args) -> int:
-    from sync.commands import freshness
+    from sync.commands import freshness, projection_named
 
-    took = freshness.wait(settings, timeout=args.timeout)
-    print(f"fresh: every projection reflects Postgres as of the call ({took:.1f}s)")
+    names = {projection_named(name, "wait for").name for name in args.names} or None
+    took = freshness.wait(settings, timeout=args.timeout, names=names)
+    which = f"{', '.join(sorted(names))} reflect{'s' * (len(names) == 1)}" if names else "every projection reflects"
+    print(f"fresh: {which} Postgres as of the call ({took:.1f}s)")
     return 0
 
 
@@ -205,7 +207,8 @@ def parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="health, slot lag, connector tasks, per-projection lag")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
-    wait = sub.add_parser("wait", help="return once every projection reflects Postgres as of now")
+    wait = sub.add_parser("wait", help="return once every projection (or those named) reflects Postgres as of now")
+    wait.add_argument("names", nargs="*", metavar="NAME", help="a projection or one of its targets")
     wait.add_argument("--timeout", type=float, default=180.0, metavar="S")
     wait.set_defaults(func=cmd_wait)
     verify = sub.add_parser("verify", help="compare every projection with its Postgres oracle")

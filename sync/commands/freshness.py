@@ -15,6 +15,8 @@ The barrier's steps, in order:
   6. For a projection fed by Delta tables (the views, fed by the changelog and the
      ledger): take its input tables' latest versions, now that their writers are fresh,
      and wait until its checkpoint has read past them.
+`lakesync wait NAME ...` takes steps 4 to 6 for the named projections only (and for
+what a Delta-fed one reads): read-your-writes on the mirrors need not wait for the views.
 """
 
 from __future__ import annotations
@@ -72,8 +74,9 @@ def lags(settings: Settings) -> list[Lag]:
 NO_RUNNER_GRACE_SECONDS = 60  # how long the barrier waits for a runner that is not there
 
 
-def wait(settings: Settings, timeout: float = 120.0) -> float:
-    """The freshness barrier; returns the seconds it took or raises NotFresh."""
+def wait(settings: Settings, timeout: float = 120.0, names: set[str] | None = None) -> float:
+    """The freshness barrier for every projection, or for those in `names`; returns the
+    seconds it took or raises NotFresh."""
     started = time.monotonic()
     deadline = started + timeout
     target_lsn = wal_position_and_touch(settings)
@@ -89,7 +92,7 @@ def wait(settings: Settings, timeout: float = 120.0) -> float:
             raise NotFresh(f"not fresh after {timeout:.0f}s: Debezium has not captured up to "
                            f"the WAL position of the call (connector {CONNECTOR_NAME})")
         time.sleep(0.2)
-    drain(settings, started, deadline)
+    drain(settings, started, deadline, names)
     return time.monotonic() - started
 
 

@@ -42,7 +42,7 @@ from pyspark.sql import functions as F
 
 from projections import changelog
 from projections.ledger import projection as ledger
-from sync.commands import all_projections, freshness
+from sync.commands import all_projections, freshness, projection_named
 from sync.config import CONNECTOR_NAME, Settings
 from sync.delta import catalog, fencing
 from sync.errors import LakesyncError
@@ -73,18 +73,8 @@ class Comparison:
 
 
 def projection_of(name: str) -> Projection:
-    """The projection a rebuild of NAME builds: a projection's name, or one of its
-    targets' names (a projection is one query with one checkpoint: it is rebuilt whole)."""
-    by_name = {p.name: p for p in all_projections()}
-    prefixes = {"mirror.": "mirrors", "ledger.enriched": "views", "ledger.": "ledger", "history.": "views",
-                "view.": "views", "search.": "views", "window.": "event_time", "join.": "event_time",
-                "late.": "event_time", "event_time.": "event_time"}
-    found = by_name.get(name) or next((by_name[p] for prefix, p in prefixes.items() if name.startswith(prefix)),
-                                      None)
-    if found is None:
-        raise LakesyncError(f"no projection or target named {name!r}; rebuild one of: "
-                            + ", ".join(sorted(set(by_name) - {changelog.NAME})) +
-                            " (or a target `lakesync status` lists)")
+    """The projection a rebuild of NAME builds (`projection_named`); never the changelog."""
+    found = projection_named(name, "rebuild")
     if found is changelog.PROJECTION:
         raise LakesyncError("the changelog is the bronze record: Kafka compaction has removed older "
                             "versions it keeps, so it is never rebuilt from Kafka")

@@ -86,10 +86,11 @@ def synced(stack, spark):
     and asserts that none differs.
     """
     def check(*tables, timeout=600):
-        # The barrier returns as soon as everything is fresh; the timeout only bounds a
-        # failure. A views batch waits for the mirrors' batch first: minutes under load.
-        lakesync("wait", "--timeout", str(timeout), timeout=timeout + 60, check=True)
         names = {t if t in ("changelog", "ledger") or "." in t else f"mirror.{t}" for t in tables} or None
+        # The barrier for the projections keeping the named targets (every one if none is
+        # named) returns as soon as they are fresh; the timeout only bounds a failure. A
+        # views batch waits for the mirrors' batch first: minutes under load.
+        lakesync("wait", *sorted(names or ()), "--timeout", str(timeout), timeout=timeout + 60, check=True)
         reports = verify(stack, spark=spark, only=names)
         assert reports, "verify compared nothing"
         bad = [r.as_json() for r in reports if r.differences]

@@ -42,6 +42,14 @@ def test_unknown_command_is_a_clear_error():
     assert result.returncode == 2 and "invalid choice" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_wait_for_one_projection_names_it_and_refuses_an_unknown_name(stack):
+    result = lakesync("wait", "mirror.customers", "--timeout", "120", check=True)
+    assert "fresh: mirrors reflects Postgres" in result.stdout, result.stdout
+    result = lakesync("wait", "customers")  # a table, not a target: `mirror.customers` is
+    assert result.returncode == 2 and "no projection or target named 'customers'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("variable,value,expected", [
     ("LAKESYNC_CONNECT_URL", "http://127.0.0.1:1", "Kafka Connect is unreachable"),
     ("LAKESYNC_PG_DSN", "postgresql://lakesync_admin@127.0.0.1:1/lakesync", "Postgres is unreachable"),
