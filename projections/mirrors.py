@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Callable
 
 from delta.tables import DeltaTable
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes
 from sync.cdc.ordering import parse_sequence
-from sync.cdc.types import ColumnType, key_columns, table_columns
+from sync.cdc.types import ColumnType, columns, key_columns, quoted, table_columns
 from sync.config import CAPTURED_SCHEMA, TOPIC_PREFIX, Settings
 from sync.delta import catalog, deadletters
 from sync.delta.commit import BatchCommit
@@ -38,7 +39,7 @@ from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
 from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, inserts, latest_per_key, merge_changes,
                               never_written, rows_added, still_applicable, table_properties, tombstones_of)
-from sync.delta.schema import IncompatibleChange, evolve, finish_backfill
+from sync.delta.schema import COLUMN_MAPPING, IncompatibleChange, evolve, finish_backfill
 from sync.fault import crash_point
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
@@ -177,24 +178,26 @@ class MirrorBatch(Batch):
         return outcome
 
     def _table(self, commit: BatchCommit, records: DataFrame, row) -> "TableResult":
-        """Step 2 for one table, on `commit`'s session."""
+        """Step 2 for one table, on `commit`'s session. A table Spark or Delta refuses (an
+        incompatible type change, columns only case tells apart, ...) stops its own mirror
+        alone: its records go to the dead letters, the other tables and projections go on."""
         steps = Steps()
-        table = self._plan(commit.spark, records, row)
-        result = TableResult(table.name, steps)
-        if table.error:
-            result.dead = _all_records(table, table.error)
-            return result
-        if table.changes is None:
-            return result
-        steps.done("decode")
-        failed = _refused(table)
-        steps.done("refuse")
+        result = TableResult(table_of(row["topic"]), steps)
         try:
+            table = self._plan(commit.spark, records, row)
+            if table.error:
+                result.dead = _all_records(table.records, table.name, table.error)
+                return result
+            if table.changes is None:
+                return result
+            steps.done("decode")
+            failed = _refused(table)
+            steps.done("refuse")
             result.applied = self._apply_table(commit, table, failed, steps)
             result.dead = failed
-        except IncompatibleChange as error:
-            result.stopped = f"mirror stopped: {error}"
-            result.dead = _all_records(table, result.stopped)
+        except (IncompatibleChange, AnalysisException) as error:
+            result.stopped = f"mirror stopped: {_first_line(error)}"
+            result.dead = _all_records(records.where(F.col("topic") == row["topic"]), result.name, result.stopped)
         return result
 
     def _tables(self, records: DataFrame) -> list[dict]:
@@ -252,7 +255,7 @@ class MirrorBatch(Batch):
         spark = commit.spark
         self.fence.check()  # the schema changes below commit outside the batch's commits
         keys = table.keys
-        properties = {KEYS_PROPERTY: ",".join(keys), **self.fence.properties}
+        properties = {KEYS_PROPERTY: json.dumps(keys), **self.fence.properties}
         target, recorded = evolve(spark, table.path, table.columns, PROVENANCE_DDL, table.records, properties)
         truncated_at = self._truncated_at(spark, table.path, recorded, table.truncated_at)
         steps.done("evolve")
@@ -279,9 +282,9 @@ class MirrorBatch(Batch):
         steps.done("merge")
         if table.deletes:
             if tombstones not in self.tombstone_tables:
-                key_ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in target.toDF().schema.fields
+                key_ddl = ", ".join(f"{quoted(f.name)} {f.dataType.simpleString()}" for f in target.toDF().schema.fields
                                     if f.name in keys or f.name in TOMBSTONE_COLUMNS)
-                ensure_table(spark, tombstones, key_ddl, self.fence.properties)
+                ensure_table(spark, tombstones, key_ddl, {**COLUMN_MAPPING, **self.fence.properties})
                 self.tombstone_tables.add(tombstones)
             commit.append(tombstones_of(latest, keys), tombstones, f"{table.name}:tombstones")
         self._sweep_tombstones(spark, table.name)
@@ -293,7 +296,9 @@ class MirrorBatch(Batch):
         if not DeltaTable.isDeltaTable(spark, path):
             return None
         recorded = table_properties(spark, path).get(KEYS_PROPERTY, "")
-        return [k for k in recorded.split(",") if k]
+        if recorded.startswith("["):
+            return json.loads(recorded)
+        return [k for k in recorded.split(",") if k]  # as mirrors made before 2026-11-25 record them
 
     def _truncated_at(self, spark: SparkSession, path: str, properties: dict[str, str],
                       in_batch) -> tuple[int, int] | None:
@@ -356,10 +361,10 @@ def _refused(table: TablePlan) -> list[DeadLetter]:
     of them is wrong, and guessing which would be silent loss)."""
     changes = table.changes
     data = [c for c in changes.columns if c not in PROVENANCE and c not in (UNCHANGED, ERROR)]
-    content = F.xxhash64(*[F.col(f"`{c}`") for c in data], F.col("_op"))
+    content = F.xxhash64(*[F.col(quoted(c)) for c in data], F.col("_op"))
     offsets = F.struct("_topic", "_partition", "_offset")
     repeated = (changes.where(F.col(ERROR).isNull())
-                .groupBy(*table.keys, "_commit_lsn", "_lsn")
+                .groupBy(*columns(table.keys), "_commit_lsn", "_lsn")
                 .agg(F.count_distinct(content).alias("versions"), F.collect_list(offsets).alias("records"))
                 .where("versions > 1")
                 .select(F.explode("records").alias("r"))
@@ -369,6 +374,11 @@ def _refused(table: TablePlan) -> list[DeadLetter]:
             for row in undecodable.unionByName(repeated).collect()]
 
 
-def _all_records(table: TablePlan, error: str) -> list[DeadLetter]:
-    return [DeadLetter(r["topic"], r["partition"], r["offset"], table.name, error)
-            for r in table.records.select("topic", "partition", "offset").collect()]
+def _first_line(error: Exception) -> str:
+    """An error's message without Spark's SQLSTATE details and JVM stack."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _all_records(records: DataFrame, table: str, error: str) -> list[DeadLetter]:
+    return [DeadLetter(r["topic"], r["partition"], r["offset"], table, error)
+            for r in records.select("topic", "partition", "offset").collect()]

@@ -24,7 +24,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from sync.cdc.ordering import position_columns
-from sync.cdc.types import ColumnType
+from sync.cdc.types import ColumnType, quoted
 
 SOURCE_STRUCT = ("struct<sequence: string, lsn: bigint, txId: bigint, ts_us: bigint, "
                  "snapshot: string, schema: string, table: string>")
@@ -76,7 +76,7 @@ def convert(value: Column, column: ColumnType) -> Column:
 
 
 def row_struct(columns: list[ColumnType]) -> str:
-    return "struct<" + ", ".join(f"`{c.name}`: {c.json_type}" for c in columns) + ">"
+    return "struct<" + ", ".join(f"{quoted(c.name)}: {c.json_type}" for c in columns) + ">"
 
 
 def decode_changes(records: DataFrame, columns: list[ColumnType]) -> DataFrame:

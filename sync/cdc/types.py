@@ -23,6 +23,9 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
 SPARK_MAX_PRECISION = 38
 
 # Connect primitive type, as Kafka's JsonConverter names it in a schema -> Spark SQL type,
@@ -72,7 +75,18 @@ class ColumnType:
     default: str | None = None  # the column's default as JSON text, when Debezium reports one
 
     def ddl(self) -> str:
-        return f"`{self.name}` {self.delta_type}"
+        return f"{quoted(self.name)} {self.delta_type}"
+
+
+def quoted(name: str) -> str:
+    """A column name as a Spark SQL identifier: any name Postgres allows (spaces, dots,
+    quotes, non-ASCII) in backticks, a backtick in it doubled."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def columns(names: list[str]) -> list[Column]:
+    """Spark columns by these names, taken whole (a dot in a name is not a struct field)."""
+    return [F.col(quoted(name)) for name in names]
 
 
 def column_type(field: dict[str, Any]) -> ColumnType:

@@ -42,6 +42,7 @@ from pyspark.sql import functions as F
 
 from projections import changelog
 from projections.ledger import projection as ledger
+from sync.cdc.types import columns, quoted
 from sync.commands import all_projections, freshness, projection_named
 from sync.config import CONNECTOR_NAME, Settings
 from sync.delta import catalog, fencing
@@ -190,7 +191,7 @@ def compare(spark: SparkSession, live: Target | None, rebuilt: Target | None) ->
         if target is None or not (Path(target.table) / "_delta_log").is_dir():
             return None
         frame = spark.read.format("delta").load(target.table)
-        return frame.select(*sorted(c for c in frame.columns if c not in VOLATILE))
+        return frame.select(*columns(sorted(c for c in frame.columns if c not in VOLATILE)))
 
     name = (live or rebuilt).name
     keys = (live or rebuilt).keys
@@ -203,11 +204,11 @@ def compare(spark: SparkSession, live: Target | None, rebuilt: Target | None) ->
     if left.columns != right.columns:
         return Comparison(name, left.count(), right.count(), 1,
                           [f"columns differ: live {left.columns}, rebuilt {right.columns}"])
-    on_left, on_right = F.col(f"`{LIVE}`"), F.col(f"`{REBUILT}`")
-    key_columns = [F.col(f"`{k}`") for k in keys]
+    on_left, on_right = F.col(quoted(LIVE)), F.col(quoted(REBUILT))
+    key_columns = columns(keys)
     groups = (left.select("*", F.lit(1).alias(LIVE), F.lit(0).alias(REBUILT))
               .unionByName(right.select("*", F.lit(0).alias(LIVE), F.lit(1).alias(REBUILT)))
-              .groupBy(*[F.col(f"`{c}`") for c in left.columns])
+              .groupBy(*columns(left.columns))
               .agg(F.sum(on_left).alias(LIVE), F.sum(on_right).alias(REBUILT)))
     differs = on_left != on_right
     counted = (F.count_distinct(F.when(differs, F.struct(*key_columns))) if keys

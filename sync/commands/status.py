@@ -10,6 +10,7 @@ from sync.commands import all_projections
 from sync.commands.freshness import lags
 from sync.config import Settings, safe_dsn
 from sync.errors import LakesyncError
+from sync.projection import Target
 from sync.stack import capture
 from sync.stack.connect import connector_status
 from sync.stack.kafka import kafka_ready
@@ -25,9 +26,13 @@ def _iso(ts: float | None) -> str | None:
 def collect(settings: Settings) -> dict[str, Any]:
     components: dict[str, Any] = {}
     slot_lag = None
+    # With Postgres at hand every captured table is listed, a mirror that could not even
+    # be created (stopped) included; without it, what the lake holds.
+    targets: dict[str, list[Target]] = {}
     try:
         with pg_connect(settings) as conn:
             slot = capture.slot_state(conn)
+            targets = {p.name: p.verify_targets(settings, conn) for p in all_projections()}
         # WAL the slot makes Postgres keep (restart_lsn); what is not yet confirmed is lag_bytes.
         slot_lag = slot.get("retained_bytes")
         components["postgres"] = {"ok": True, "dsn": safe_dsn(settings.pg_dsn)}
@@ -65,7 +70,7 @@ def collect(settings: Settings) -> dict[str, Any]:
     projections = []
     for projection in all_projections():
         state = progress.read(settings, projection.name)
-        for target in projection.targets(settings):
+        for target in targets[projection.name] if targets else projection.targets(settings):
             table_state = state.get("tables", {}).get(target.state_key, {})
             topic_lag = behind.get(projection.name, {})
             projections.append({

@@ -12,6 +12,7 @@ from delta.tables import DeltaTable
 from psycopg.types.string import TextLoader
 from pyspark.sql import functions as F
 
+from sync.cdc.types import quoted
 from sync.commands import all_projections
 from sync.compare import Report, compare, oracle_columns
 from sync.config import Settings
@@ -52,5 +53,5 @@ def _delta_rows(spark, path: str, columns: list[str], where: str = "") -> Iterab
     if where:
         frame = frame.where(where)
     present = set(frame.columns)
-    selected = frame.select(*[F.col(f"`{c}`") if c in present else F.lit(None).alias(c) for c in columns])
+    selected = frame.select(*[F.col(quoted(c)) if c in present else F.lit(None).alias(c) for c in columns])
     return (tuple(row) for row in selected.toLocalIterator())

@@ -33,6 +33,7 @@ from pyspark.sql import functions as F
 
 from sync.cdc.decode import PROVENANCE, UNCHANGED
 from sync.cdc.ordering import later, newer_than, newer_than_literal
+from sync.cdc.types import columns, quoted
 
 DELETION_VECTORS = "delta.enableDeletionVectors"
 TABLE_PROPERTIES = {
@@ -52,11 +53,11 @@ def latest_per_key(changes: DataFrame, keys: list[str]) -> DataFrame:
     for column in data:
         # max_by skips rows whose ordering is null: only changes that carried the value.
         carried = (F.col("_op") != "d") & ~F.array_contains(F.col(UNCHANGED), column)
-        aggregates.append(F.max_by(F.col(f"`{column}`"), F.when(carried, order)).alias(column))
+        aggregates.append(F.max_by(F.col(quoted(column)), F.when(carried, order)).alias(column))
         aggregates.append(F.max(F.when(carried, F.lit(True))).alias(f"_carried_{column}"))
-    unchanged = F.array_compact(F.array(*[F.when(F.col(f"_carried_{c}").isNull(), F.lit(c)) for c in data]))
-    latest = changes.groupBy(*keys).agg(*aggregates)
-    return latest.select(*keys, *data, *[F.col(f"_latest.{c}").alias(c) for c in PROVENANCE],
+    unchanged = F.array_compact(F.array(*[F.when(F.col(quoted(f"_carried_{c}")).isNull(), F.lit(c)) for c in data]))
+    latest = changes.groupBy(*columns(keys)).agg(*aggregates)
+    return latest.select(*columns(keys + data), *[F.col(f"_latest.{c}").alias(c) for c in PROVENANCE],
                          unchanged.alias(UNCHANGED), F.current_timestamp().alias("_applied_at"))
 
 
@@ -70,7 +71,7 @@ def ensure_table(spark: SparkSession, path: str, schema_ddl: str,
         present = set(table.toDF().columns)
         missing = [f for f in wanted if f.name not in present]
         if missing:
-            added = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+            added = ", ".join(f"{quoted(f.name)} {f.dataType.simpleString()}" for f in missing)
             spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({added})")
             table = DeltaTable.forPath(spark, path)
         return table
@@ -100,7 +101,7 @@ def still_applicable(changes: DataFrame, keys: list[str], truncated_at: tuple[in
     if tombstones is not None:
         # An anti join on the key and the order, not the latest tombstone per key joined
         # back: no aggregate and no shuffle when the tombstones are small enough to broadcast.
-        same_key = " AND ".join(f"r.`{k}` = d.`{k}`" for k in keys)
+        same_key = " AND ".join(f"r.{quoted(k)} = d.{quoted(k)}" for k in keys)
         deleted_after = later(("d._commit_lsn", "d._lsn"), ("r._commit_lsn", "r._lsn"))
         rows = rows.alias("r").join(tombstones.alias("d"), F.expr(f"{same_key} AND {deleted_after}"), "left_anti")
     return rows
@@ -131,7 +132,7 @@ def inserts(target: DeltaTable, latest: DataFrame) -> DataFrame:
     none), for an append."""
     carried = set(latest.columns)
     return latest.where("_op != 'd'").select(*[
-        (F.col(f"`{f.name}`") if f.name in carried else F.lit(None)).cast(f.dataType).alias(f.name)
+        (F.col(quoted(f.name)) if f.name in carried else F.lit(None)).cast(f.dataType).alias(f.name)
         for f in target.toDF().schema.fields])
 
 
@@ -140,16 +141,21 @@ def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
     """Step 3: the MERGE of `latest` (one change per key, from latest_per_key) into `target`,
     for the batch's commit to execute (sync/delta/commit.py `merge`); `truncated_at` is the
     position of the batch's latest truncate of this table, if it has one."""
-    on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
     newer = newer_than("s", "t")
     written = [c for c in latest.columns if c != UNCHANGED]
     data = set(written) - set(keys) - set(PROVENANCE) - {"_applied_at"}
-    update = {f"`{c}`": (f"CASE WHEN array_contains(s.{UNCHANGED}, '{c}') THEN t.`{c}` ELSE s.`{c}` END"
-                         if c in data else f"s.`{c}`") for c in written}
+
+    def new(c: str):
+        return F.col(f"s.{quoted(c)}")
+
+    def new_unless_unchanged(c: str):  # an unchanged TOASTed value: the target keeps its own
+        return F.when(F.array_contains(F.col(f"s.{UNCHANGED}"), c), F.col(f"t.{quoted(c)}")).otherwise(new(c))
+    update = {quoted(c): new_unless_unchanged(c) if c in data else new(c) for c in written}
     merge = (target.alias("t").merge(latest.alias("s"), on)
              .whenMatchedDelete(condition=f"s._op = 'd' AND {newer}")
              .whenMatchedUpdate(condition=f"s._op != 'd' AND {newer}", set=update)
-             .whenNotMatchedInsert(condition="s._op != 'd'", values={f"`{c}`": f"s.`{c}`" for c in written}))
+             .whenNotMatchedInsert(condition="s._op != 'd'", values={quoted(c): new(c) for c in written}))
     if truncated_at is not None:
         merge = merge.whenNotMatchedBySourceDelete(
             condition=f"NOT {newer_than_literal(truncated_at, side='t')}")
@@ -224,4 +230,4 @@ def merge_metrics(result: DataFrame | None) -> dict[str, int]:
 def tombstones_of(latest: DataFrame, keys: list[str]) -> DataFrame:
     """Step 4: a tombstone for every key whose latest change in the batch deletes it (appended
     by the caller)."""
-    return latest.where("_op = 'd'").select(*keys, *TOMBSTONE_COLUMNS)
+    return latest.where("_op = 'd'").select(*columns(keys), *TOMBSTONE_COLUMNS)

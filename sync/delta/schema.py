@@ -34,9 +34,13 @@ from pyspark.sql import types as T
 
 from sync.cdc.decode import convert
 from sync.cdc.ordering import newer_than_literal, position_columns
-from sync.cdc.types import ColumnType
+from sync.cdc.types import ColumnType, quoted
 from sync.delta.merge import ensure_table, table_properties
 
+# Delta's column mapping by name: a mirror then takes any column name Postgres allows
+# (without it Delta refuses spaces, commas, parentheses, braces, `;` and `=`). A mirror made
+# before it is given it on its first new column.
+COLUMN_MAPPING = {"delta.columnMapping.mode": "name"}
 BACKFILL_PROPERTY = "lakesync.backfill"
 TYPE_WIDENING_PROPERTY = "delta.enableTypeWidening"
 _INTEGRAL = ["tinyint", "smallint", "int", "bigint"]
@@ -44,6 +48,11 @@ _INTEGRAL = ["tinyint", "smallint", "int", "bigint"]
 
 class IncompatibleChange(Exception):
     """A column's type changed in a way the existing Delta rows cannot follow."""
+
+
+def sql_string(value: str) -> str:
+    """A Spark SQL string literal of `value` (it may hold any column name)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def widens(old: T.DataType, new: T.DataType) -> bool:
@@ -67,7 +76,8 @@ def evolve(spark: SparkSession, path: str, columns: list[ColumnType], provenance
     first appears)."""
     ddl = ", ".join([c.ddl() for c in columns] + [provenance_ddl])
     if not DeltaTable.isDeltaTable(spark, path):
-        return ensure_table(spark, path, ddl, properties), dict(properties)
+        properties = {**COLUMN_MAPPING, **properties}
+        return ensure_table(spark, path, ddl, properties), properties
     table = DeltaTable.forPath(spark, path)
     recorded = table_properties(spark, path)
     present = {f.name: f.dataType for f in table.toDF().schema.fields}
@@ -81,7 +91,7 @@ def evolve(spark: SparkSession, path: str, columns: list[ColumnType], provenance
     if changed:
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{TYPE_WIDENING_PROPERTY}' = 'true')")
         for name in changed:
-            spark.sql(f"ALTER TABLE delta.`{path}` ALTER COLUMN `{name}` TYPE {wanted[name].simpleString()}")
+            spark.sql(f"ALTER TABLE delta.`{path}` ALTER COLUMN {quoted(name)} TYPE {wanted[name].simpleString()}")
     added = [c for c in columns if c.name not in present]
     with_default = [c for c in added if c.default is not None]
     if with_default:
@@ -89,8 +99,11 @@ def evolve(spark: SparkSession, path: str, columns: list[ColumnType], provenance
         pending = {"before": list(first), "defaults": {c.name: c.default for c in with_default}}
         recorded[BACKFILL_PROPERTY] = json.dumps(pending)
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
-                  f"('{BACKFILL_PROPERTY}' = '{recorded[BACKFILL_PROPERTY]}')")
+                  f"('{BACKFILL_PROPERTY}' = {sql_string(recorded[BACKFILL_PROPERTY])})")
     if added:
+        if any(recorded.get(key) != value for key, value in COLUMN_MAPPING.items()):
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+                      + "(" + ", ".join(f"'{k}' = '{v}'" for k, v in COLUMN_MAPPING.items()) + ")")
         spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({', '.join(c.ddl() for c in added)})")
     if added or changed:
         table = DeltaTable.forPath(spark, path)
@@ -112,7 +125,7 @@ def finish_backfill(spark: SparkSession, path: str, columns: list[ColumnType],
         column = by_name.get(name)
         if column is not None:
             parsed = F.from_json(F.lit(json.dumps({"v": json.loads(default)})), f"struct<v: {column.json_type}>")
-            values[f"`{name}`"] = convert(parsed["v"], column)
+            values[quoted(name)] = convert(parsed["v"], column)
     if values:
         older = f"NOT {newer_than_literal(tuple(task['before']))} AND NOT " \
                 f"(_commit_lsn = {int(task['before'][0])} AND _lsn = {int(task['before'][1])})"

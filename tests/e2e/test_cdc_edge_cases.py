@@ -59,7 +59,7 @@ def test_unchanged_toasted_text_is_kept_not_replaced_by_a_placeholder(db, app_db
                    (bio,))
     app_db.execute("UPDATE customers SET tier = 'b', updated_at = now() WHERE id = 960001")
     app_db.execute("UPDATE customers SET name = 'toast 2' WHERE id = 960001")
-    synced("customers")
+    synced("customers", "changelog")
     row = (spark.read.format("delta").load(str(mirrors.mirror_path(stack, "customers")))
            .where("id = 960001").first())
     assert row["bio"] == bio and row["tier"] == "b" and row["name"] == "toast 2"

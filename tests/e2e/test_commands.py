@@ -18,7 +18,7 @@ def test_up_is_idempotent_and_reuses_what_runs(stack):
 
 def test_status_json_has_the_contract_keys(stack, app_db, synced):
     app_db.execute("INSERT INTO customers (id, name) VALUES (5000, 'status') ON CONFLICT DO NOTHING")
-    synced("customers")
+    synced("customers", "history.customers")  # a view's figures are read below
     result = lakesync("status", "--json", check=True)
     report = json.loads(result.stdout)
     assert set(report) >= {"components", "slot_lag_bytes", "projections"}

@@ -114,7 +114,7 @@ def test_concurrent_projections_commit_with_their_own_transaction_ids(stack, app
     app_db.execute("INSERT INTO customers (id, name, email, tier) SELECT g, 'x', 'txn' || g, 'gold' "
                    "FROM generate_series(850000, 850049) g")
     app_db.execute("DELETE FROM customers WHERE id BETWEEN 850000 AND 850009")
-    synced("customers")
+    synced("customers", "changelog")
     expected = {str(mirrors.mirror_path(stack, "customers")): "mirrors:customers",
                 str(mirrors.tombstone_path(stack, "customers")): "mirrors:customers:tombstones",
                 changelog.changelog_path(stack): "changelog"}

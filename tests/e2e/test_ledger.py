@@ -71,7 +71,7 @@ def test_concurrent_transfers_keep_the_books_balanced(stack, bank_open, db, sync
 
 def test_the_auditor_commands_only_read(stack, bank_open, synced):
     bank_clients(stack, seed=5, clients=2, operations=20)
-    synced("accounts")
+    synced("accounts", "ledger")
     before = ledger_files(stack)  # the runner is idle now: nothing else writes there
     # The auditor's environment: the read-only role, and nothing but the lake to read.
     auditor = {"LAKESYNC_PG_DSN": config.role_dsn(stack, config.ROLES["auditor"])}
@@ -94,7 +94,7 @@ def test_the_auditor_commands_only_read(stack, bank_open, synced):
 
     # More business, then the digest still holds: appends never disturb what it covers.
     bank_clients(stack, seed=6, clients=2, operations=10)
-    synced("accounts")
+    synced("accounts", "ledger")
     again = lakesync("ledger", "verify", "--digest", digest, env=auditor)
     assert again.returncode == 0 and "unchanged since digest" in again.stdout, again.stdout + again.stderr
     earlier = lakesync("ledger", "history", str(account), "--version", str(version), env=auditor, check=True)
@@ -103,7 +103,7 @@ def test_the_auditor_commands_only_read(stack, bank_open, synced):
 
 def test_a_redelivered_event_makes_no_second_entry(stack, bank_open, synced):
     """Copy an event already in the topic to its end, as a Connect crash would."""
-    synced("accounts")
+    synced("accounts", "ledger")
     entries_before = len(audit.load(ledger.ledger_path(stack)))
     consumer = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": "redeliver",
                          "enable.auto.commit": False})
@@ -119,7 +119,7 @@ def test_a_redelivered_event_makes_no_second_entry(stack, bank_open, synced):
 
 
 def test_the_ledger_rebuilt_from_offset_zero_has_identical_chain_heads(stack, bank_open, spark, synced, tmp_path):
-    synced("accounts")
+    synced("accounts", "ledger")
     live = audit.heads(audit.load(ledger.ledger_path(stack)))
     rebuilt = dataclasses.replace(stack, lake=tmp_path / "lake")
     fence = fencing.take(spark, rebuilt, ledger.NAME, [])

@@ -271,6 +271,54 @@ def test_widened_type_is_applied_and_an_incompatible_one_stops_the_mirror(spark,
     assert "stopped" in apply.progress.state["tables"]["widgets"]
 
 
+ODD_NAMES = ["Note Text", "MixedCase", "a.b", "ünï", "it's", "back`tick", "x,y(z)={};"]
+
+
+def test_any_column_name_postgres_allows_is_mirrored(spark, settings):
+    apply = new_batch(spark, settings)
+    text = {"type": "string", "optional": True}
+    fields = [FIELDS[0]] + [{**text, "field": n} for n in ODD_NAMES]
+    apply(batch(spark, [_evolved(fields, 1, 10, 11, **{n: f"{n}!" for n in ODD_NAMES}),
+                        _evolved(fields, 2, 10, 12, **{n: "two" for n in ODD_NAMES})]), 0)
+    # Then a MERGE: an update leaving a TOASTed value out, and a new column with a default.
+    added = fields + [{"type": "int32", "optional": True, "default": 7, "field": "new 'one'"}]
+    changed = {n: "__debezium_unavailable_value" if n == "Note Text" else "changed" for n in ODD_NAMES}
+    apply(batch(spark, [_evolved(added, 1, 20, 21, **changed, **{"new 'one'": 8})], 2), 1)
+    rows = mirror(spark, settings)
+    assert [rows[1][n] for n in ODD_NAMES] == ["Note Text!"] + ["changed"] * (len(ODD_NAMES) - 1)
+    assert [rows[2][n] for n in ODD_NAMES] == ["two"] * len(ODD_NAMES)
+    assert (rows[1]["new 'one'"], rows[2]["new 'one'"]) == (8, 7)
+
+
+def test_a_mirror_made_without_column_mapping_takes_it_for_a_new_column(spark, settings):
+    path = str(mirrors.mirror_path(settings, "widgets"))
+    ensure_table(spark, path, f"id bigint, name string, {mirrors.PROVENANCE_DDL}")  # as made before 2026-11-25
+    fields = FIELDS[:2] + [{"type": "string", "optional": True, "field": "Note Text"}]
+    new_batch(spark, settings)(batch(spark, [_evolved(fields, 1, 10, 11, name="n", **{"Note Text": "spaced"})]), 0)
+    assert mirror(spark, settings)[1]["Note Text"] == "spaced"
+
+
+def test_a_table_spark_or_delta_refuses_stops_alone(spark, settings):
+    """Columns only case tells apart (Delta refuses them), a column named like a provenance
+    column: each stops its own mirror, and the other table of the batch is applied."""
+    apply = new_batch(spark, settings)
+    text = {"type": "string", "optional": True}
+    refused = {"lakesync.public.cased": [FIELDS[0], {**text, "field": "tag"}, {**text, "field": "Tag"}],
+               "lakesync.public.clashing": [FIELDS[0], {**text, "field": "_op"}]}
+    rows = [(*event("c", 1, 10, 11, "kept"), TOPIC, 0, 0)]
+    rows += [(*_evolved(fields, 1, 10, 12, **{f["field"]: "x" for f in fields[1:]}), topic, 0, 0)
+             for topic, fields in refused.items()]
+    records = "key binary, value binary, topic string, partition int, offset bigint"
+    apply(spark.createDataFrame(rows, records), 0)
+    apply(batch(spark, [event("c", 2, 20, 21, "still applied")], 1), 1)
+    assert {k: r["name"] for k, r in mirror(spark, settings).items()} == {1: "kept", 2: "still applied"}
+    letters = spark.read.format("delta").load(deadletters.path(settings, "mirrors")).collect()
+    assert sorted(r["table"] for r in letters) == ["cased", "clashing"]
+    assert all(r["error"].startswith("mirror stopped: ") and "\n" not in r["error"] for r in letters)
+    tables = apply.progress.state["tables"]
+    assert tables["cased"]["stopped"] and tables["clashing"]["stopped"] and "stopped" not in tables["widgets"]
+
+
 def test_tombstones_older_than_the_horizon_are_swept(spark, settings):
     settings = dataclasses.replace(settings, tombstone_hours=0)
     apply = new_batch(spark, settings)

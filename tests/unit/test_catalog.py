@@ -7,6 +7,7 @@ import pytest
 from projections import mirrors
 from projections.views import projection as views
 from sync import config
+from sync.commands import projection_named
 from sync.commands.rebuild import projection_of
 from sync.delta import catalog
 from sync.errors import LakesyncError
@@ -64,6 +65,11 @@ def test_swap_repoints_every_reader_and_retire_removes_only_that_projections_par
                                              ("event_time.inputs", "event_time")])
 def test_rebuild_takes_a_projection_or_one_of_its_targets(name, projection):
     assert projection_of(name).name == projection
+
+
+def test_wait_takes_any_projection_the_changelog_too():
+    assert projection_named("changelog", "wait for").name == "changelog"
+    assert projection_named("mirror.Note Text", "wait for").name == "mirrors"
 
 
 @pytest.mark.parametrize("name,message", [("changelog", "bronze record"), ("orders", "no projection or target")])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sync.cdc.types import column_type, key_columns, table_columns
+from sync.cdc.types import ColumnType, column_type, key_columns, quoted, table_columns
 
 
 def field(name, kind, semantic=None, source_type=None, length=None, scale=None, **extra):
@@ -69,3 +69,10 @@ def test_table_and_key_columns_from_envelope_schemas():
     assert [c.name for c in table_columns(value_schema)] == ["id", "name"]
     assert key_columns({"fields": [field("order_id", "int64"), field("line_no", "int32")]}) == ["order_id", "line_no"]
 
+
+
+@pytest.mark.parametrize("name,identifier", [("id", "`id`"), ("Note Text", "`Note Text`"), ("a.b", "`a.b`"),
+                                             ("back`tick", "`back``tick`"), ("it's", "`it's`")])
+def test_any_column_name_is_one_quoted_identifier(name, identifier):
+    assert quoted(name) == identifier
+    assert ColumnType(name, "string", "string", "none").ddl() == f"{identifier} string"
