@@ -38,10 +38,8 @@ from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
 from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, inserts, latest_per_key, merge_changes,
-                              never_written, rows_added, set_properties, still_applicable, table_properties,
-                              tombstones_of)
+                              never_written, rows_added, still_applicable, table_properties, tombstones_of)
 from sync.delta.schema import COLUMN_MAPPING, IncompatibleChange, evolve, finish_backfill
-from sync.errors import first_line
 from sync.fault import crash_point
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
@@ -198,7 +196,7 @@ class MirrorBatch(Batch):
             result.applied = self._apply_table(commit, table, failed, steps)
             result.dead = failed
         except (IncompatibleChange, AnalysisException) as error:
-            result.stopped = f"mirror stopped: {first_line(error)}"
+            result.stopped = f"mirror stopped: {_first_line(error)}"
             result.dead = _all_records(records.where(F.col("topic") == row["topic"]), result.name, result.stopped)
         return result
 
@@ -309,7 +307,8 @@ class MirrorBatch(Batch):
         recorded = parse_sequence(properties.get(TRUNCATED_PROPERTY))
         latest = max([p for p in (recorded, in_batch) if p is not None], default=None)
         if latest is not None and latest != recorded:
-            set_properties(spark, path, {TRUNCATED_PROPERTY: json.dumps([str(latest[0]), str(latest[1])])})
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+                      f"('{TRUNCATED_PROPERTY}' = '{json.dumps([str(latest[0]), str(latest[1])])}')")
         return latest
 
     def _sweep_tombstones(self, spark: SparkSession, table: str) -> None:
@@ -373,6 +372,11 @@ def _refused(table: TablePlan) -> list[DeadLetter]:
     undecodable = changes.where(F.col(ERROR).isNotNull()).select("_topic", "_partition", "_offset", ERROR)
     return [DeadLetter(row["_topic"], row["_partition"], row["_offset"], table.name, row[ERROR])
             for row in undecodable.unionByName(repeated).collect()]
+
+
+def _first_line(error: Exception) -> str:
+    """An error's message without Spark's SQLSTATE details and JVM stack."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _all_records(records: DataFrame, table: str, error: str) -> list[DeadLetter]:

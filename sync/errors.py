@@ -5,13 +5,6 @@ escapes is a bug and keeps its traceback.
 """
 
 
-def first_line(error: BaseException, limit: int = 500) -> str:
-    """An error's message without what follows its first line (a Spark error's SQLSTATE
-    details and JVM stack; a streaming query's failure keeps its text in `desc`)."""
-    text = str(getattr(error, "desc", None) or error).strip()
-    return (text.splitlines() or [type(error).__name__])[0][:limit]
-
-
 class LakesyncError(Exception):
     """An expected failure with a message meant for the user."""
 

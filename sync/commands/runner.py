@@ -18,7 +18,7 @@ from pyspark.sql.streaming import StreamingQuery
 from sync.commands import all_projections
 from sync.config import Settings
 from sync.delta import fencing
-from sync.errors import Fenced, RunnerFailed, ServiceUnavailable, first_line
+from sync.errors import Fenced, RunnerFailed, ServiceUnavailable
 from sync.projection import KafkaTopics, Projection
 from sync.stack.background import reap_orphaned_jvm
 from sync.stack.kafka import kafka_ready
@@ -84,7 +84,7 @@ def run(settings: Settings, once: bool = False) -> None:
                             queries[index] = _start(spark, settings, by_name[query.name], once,
                                                     fences[query.name])
                             continue
-                        raise RunnerFailed(f"projection {query.name} failed: {first_line(error)}")
+                        raise RunnerFailed(f"projection {query.name} failed: {_first_line(error)}")
             if all(not q.isActive for q in queries) and not any(p.ready(settings) for p in waiting):
                 break  # (a projection still waiting has no input tables: nothing to do)
             stop.wait(0.5)
@@ -129,3 +129,8 @@ def _raised(error, kind: type) -> str | None:
         if line.strip().startswith(marker):
             return line.strip()[len(marker):]
     return None
+
+
+def _first_line(error) -> str:
+    text = str(getattr(error, "desc", None) or error)
+    return text.strip().splitlines()[0][:500]

@@ -85,11 +85,9 @@ def take(spark, settings: Settings, projection: str, tables: list[str]) -> Fence
 
     from delta.tables import DeltaTable
 
-    from sync.delta.merge import set_properties
-
     def stamp(table: str) -> None:
         if DeltaTable.isDeltaTable(spark, table):  # (one not there yet gets the epoch when created)
-            set_properties(spark, table, {EPOCH_PROPERTY: str(epoch)})
+            spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('{EPOCH_PROPERTY}' = '{epoch}')")
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         list(pool.map(stamp, tables))

@@ -113,15 +113,6 @@ def table_properties(spark: SparkSession, path: str) -> dict[str, str]:
     return {row["key"]: row["value"] for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
 
 
-def set_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:
-    """Set table properties of the Delta table at `path` in one metadata commit (values
-    may hold any text: a column name, JSON)."""
-    def literal(text: str) -> str:
-        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    pairs = ", ".join(f"{literal(k)} = {literal(v)}" for k, v in properties.items())
-    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({pairs})")
-
-
 def never_written(path: str) -> bool:
     """Whether no commit of the Delta table at `path` has added a data file yet (created,
     at most altered since): read from its log files. False once it has a checkpoint (a
@@ -185,7 +176,7 @@ def deletion_vectors_if_copying(spark: SparkSession, path: str) -> None:
     last = last_commit_info(path)
     copied = int((last.get("operationMetrics") or {}).get("numTargetRowsCopied", 0))
     if last.get("operation") == "MERGE" and copied > COPIED_ROWS_FOR_DELETION_VECTORS:
-        set_properties(spark, path, {DELETION_VECTORS: "true"})
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')")
 
 
 def last_commit_info(path: str) -> dict:

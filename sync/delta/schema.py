@@ -35,7 +35,7 @@ from pyspark.sql import types as T
 from sync.cdc.decode import convert
 from sync.cdc.ordering import newer_than_literal, position_columns
 from sync.cdc.types import ColumnType, quoted
-from sync.delta.merge import ensure_table, set_properties, table_properties
+from sync.delta.merge import ensure_table, table_properties
 
 # Delta's column mapping by name: a mirror then takes any column name Postgres allows
 # (without it Delta refuses spaces, commas, parentheses, braces, `;` and `=`). A mirror made
@@ -48,6 +48,11 @@ _INTEGRAL = ["tinyint", "smallint", "int", "bigint"]
 
 class IncompatibleChange(Exception):
     """A column's type changed in a way the existing Delta rows cannot follow."""
+
+
+def sql_string(value: str) -> str:
+    """A Spark SQL string literal of `value` (it may hold any column name)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def widens(old: T.DataType, new: T.DataType) -> bool:
@@ -84,7 +89,7 @@ def evolve(spark: SparkSession, path: str, columns: list[ColumnType], provenance
                 f"column {name} changed type from {present[name].simpleString()} to "
                 f"{wanted[name].simpleString()}, which the existing rows cannot take")
     if changed:
-        set_properties(spark, path, {TYPE_WIDENING_PROPERTY: "true"})
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{TYPE_WIDENING_PROPERTY}' = 'true')")
         for name in changed:
             spark.sql(f"ALTER TABLE delta.`{path}` ALTER COLUMN {quoted(name)} TYPE {wanted[name].simpleString()}")
     added = [c for c in columns if c.name not in present]
@@ -93,10 +98,12 @@ def evolve(spark: SparkSession, path: str, columns: list[ColumnType], provenance
         first = _first_position_carrying(records, [c.name for c in with_default])
         pending = {"before": list(first), "defaults": {c.name: c.default for c in with_default}}
         recorded[BACKFILL_PROPERTY] = json.dumps(pending)
-        set_properties(spark, path, {BACKFILL_PROPERTY: recorded[BACKFILL_PROPERTY]})
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+                  f"('{BACKFILL_PROPERTY}' = {sql_string(recorded[BACKFILL_PROPERTY])})")
     if added:
         if any(recorded.get(key) != value for key, value in COLUMN_MAPPING.items()):
-            set_properties(spark, path, COLUMN_MAPPING)
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+                      + "(" + ", ".join(f"'{k}' = '{v}'" for k, v in COLUMN_MAPPING.items()) + ")")
         spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({', '.join(c.ddl() for c in added)})")
     if added or changed:
         table = DeltaTable.forPath(spark, path)
