@@ -29,7 +29,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes
+from sync.cdc.decode import (ERROR, PROVENANCE, UNAVAILABLE, UNAVAILABLE_BASE64, UNAVAILABLE_BYTES, UNCHANGED,
+                             decode_changes)
 from sync.cdc.ordering import parse_sequence
 from sync.cdc.types import ColumnType, columns, key_columns, quoted, table_columns
 from sync.config import CAPTURED_SCHEMA, TOPIC_PREFIX, Settings
@@ -37,6 +38,7 @@ from sync.delta import catalog, deadletters
 from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
+from sync.delta.keychanges import SAVED_DDL, fill_moved_values, is_key_change_delete, rows_moved_away
 from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, inserts, latest_per_key, merge_changes,
                               never_written, rows_added, still_applicable, table_properties, tombstones_of)
 from sync.delta.schema import COLUMN_MAPPING, IncompatibleChange, evolve, finish_backfill
@@ -49,7 +51,9 @@ from sync.streaming.stream import at_or_after, read_topics, run_batches, start_o
 NAME = "mirrors"
 KIND = "mirror"
 TOPIC_PATTERN = re.escape(f"{TOPIC_PREFIX}.{CAPTURED_SCHEMA}.") + r"[^.]+"
-TOPICS = KafkaTopics(TOPIC_PATTERN)
+TOPICS = KafkaTopics(TOPIC_PATTERN, headers=True)  # a key change's delete is marked by a header
+RECORDS_DDL = ("key binary, value binary, topic string, partition int, offset bigint, "
+               "headers array<struct<key: string, value: binary>>")  # what the Kafka source hands a batch
 KEYS_PROPERTY = "lakesync.keys"
 TRUNCATED_PROPERTY = "lakesync.truncated_at"  # source position of the latest truncate applied
 PROVENANCE_DDL = ("`_commit_lsn` bigint, `_lsn` bigint, `_txid` bigint, `_source_ts` timestamp, "
@@ -67,6 +71,12 @@ def mirror_path(settings: Settings, table: str) -> Path:
 
 def tombstone_path(settings: Settings, table: str) -> Path:
     return catalog.root(settings, NAME) / "tombstones" / table
+
+
+def moved_path(settings: Settings, table: str) -> Path:
+    """Rows a key change moved away in one batch, for the batch bringing its create
+    (sync/delta/keychanges.py)."""
+    return catalog.root(settings, NAME) / "moved" / table
 
 
 def target(settings: Settings, table: str) -> Target:
@@ -105,8 +115,8 @@ class Mirrors(Projection):
         return lag_by_topic.get(f"{TOPIC_PREFIX}.{target.source}", 0)
 
     def state_paths(self, settings: Settings) -> list[Path]:
-        """What the mirrors keep besides their tables: the tombstones."""
-        return [catalog.root(settings, NAME) / "tombstones"]
+        """What the mirrors keep besides their tables: the tombstones, the rows moved away."""
+        return [catalog.root(settings, NAME) / "tombstones", catalog.root(settings, NAME) / "moved"]
 
     def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
         return run_batches(read_topics(spark, settings, TOPICS), NAME, MirrorBatch(settings, fence), settings, once)
@@ -205,11 +215,14 @@ class MirrorBatch(Batch):
         whether it deletes anything. Each record's JSON is parsed once, for its op; the
         schemas are read from the one record per topic that carries the latest (a
         Debezium record's schema is most of its bytes, and copying it out of every
-        record cost more than the rest of this step)."""
+        record cost more than the rest of this step). `moves`: a create carries an
+        unchanged-value placeholder, which only a key change's create does
+        (sync/delta/keychanges.py)."""
         value = F.col("value").cast("string")
         op = F.col("op")
+        placeholder = value.contains(UNAVAILABLE) | value.contains(UNAVAILABLE_BASE64) | value.contains(UNAVAILABLE_BYTES)
         truncate = F.when(op == "t", F.col("offset"))
-        latest = (records.select("topic", "offset", "key", "value",
+        latest = (records.select("topic", "offset", "key", "value", "headers", placeholder.alias("placeholder"),
                                  F.get_json_object(value, "$.payload.op").alias("op"))
                   .groupBy("topic").agg(
                       F.max_by("value", "offset").alias("last_value"),
@@ -217,9 +230,11 @@ class MirrorBatch(Batch):
                       F.max_by("key", F.when(F.col("key").isNotNull() & (op != "t"), F.col("offset")))
                       .alias("last_key"),
                       F.max_by(value, truncate).alias("last_truncate"),  # a null ordering is skipped
-                      F.max(op == "d").alias("deletes")))
+                      F.max(op == "d").alias("deletes"),
+                      F.max((op == "c") & F.col("placeholder")).alias("moves"),
+                      F.max(is_key_change_delete(op, F.col("headers"))).alias("moved_away")))
         return (latest.select(
-            "topic", "deletes",
+            "topic", "deletes", "moves", "moved_away",
             F.get_json_object(F.col("last_value").cast("string"), "$.schema").alias("value_schema"),
             F.get_json_object(F.col("last_key").cast("string"), "$.schema").alias("key_schema"),
             F.get_json_object(F.col("last_truncate"), "$.payload.source.sequence").alias("truncate_sequence"),
@@ -230,7 +245,8 @@ class MirrorBatch(Batch):
         name = table_of(row["topic"])
         plan = TablePlan(name=name, path=str(mirror_path(self.settings, name)),
                          records=records.where(F.col("topic") == row["topic"]),
-                         deletes=bool(row["deletes"]), truncated_at=parse_sequence(row["truncate_sequence"]))
+                         deletes=bool(row["deletes"]), moves=bool(row["moves"]),
+                         moved_away=bool(row["moved_away"]), truncated_at=parse_sequence(row["truncate_sequence"]))
         try:
             plan.columns = table_columns(json.loads(row["value_schema"] or "{}"))
             plan.keys = key_columns(json.loads(row["key_schema"])) if row["key_schema"] else None
@@ -267,6 +283,9 @@ class MirrorBatch(Batch):
         tombstones = str(tombstone_path(self.settings, table.name))
         known_dead = (spark.read.format("delta").load(tombstones)
                       if DeltaTable.isDeltaTable(spark, tombstones) else None)
+        if table.moves or table.moved_away:
+            good = self._key_changes(commit, table, good, known_dead)
+            steps.done("key_changes")
         # Computed once and checkpointed (see `records`): MERGE reads its source twice and
         # the tombstones once more.
         latest = latest_per_key(still_applicable(good, keys, truncated_at, known_dead), keys).localCheckpoint()
@@ -292,6 +311,23 @@ class MirrorBatch(Batch):
         steps.done("tombstones")
         return int(metrics.get("num_affected_rows", 0))
 
+    def _key_changes(self, commit: BatchCommit, table: "TablePlan", good: DataFrame,
+                     known_dead: DataFrame | None) -> DataFrame:
+        """The batch's key changes (sync/delta/keychanges.py): their creates filled, and the
+        rows whose create is not in this batch saved, before the MERGE deletes them."""
+        spark = commit.spark
+        saved = str(moved_path(self.settings, table.name))
+        has_saved = DeltaTable.isDeltaTable(spark, saved)
+        if table.moves:
+            good = fill_moved_values(spark, good, table.keys, table.path, known_dead,
+                                     spark.read.format("delta").load(saved) if has_saved else None)
+        if table.moved_away:
+            rows = rows_moved_away(spark, table.records, good, table.keys, table.path)
+            if not has_saved:
+                ensure_table(spark, saved, SAVED_DDL, self.fence.properties)
+            commit.append(rows, saved, f"{table.name}:moved")
+        return good
+
     def _recorded_keys(self, spark: SparkSession, path: str) -> list[str] | None:
         if not DeltaTable.isDeltaTable(spark, path):
             return None
@@ -312,20 +348,23 @@ class MirrorBatch(Batch):
         return latest
 
     def _sweep_tombstones(self, spark: SparkSession, table: str) -> None:
-        """Remove tombstones written longer ago than the horizon, at most once an hour per
-        table (the time of the last sweep is kept with the progress, across restarts). By
-        write time, not source time: a rebuild replaying year-old deletes must keep their
-        tombstones while it replays what came after them."""
-        path = str(tombstone_path(self.settings, table))
+        """Remove tombstones (and rows saved for a key change, which its next batch used)
+        written longer ago than the horizon, at most once an hour per table (the time of
+        the last sweep is kept with the progress, across restarts). By write time, not
+        source time: a rebuild replaying year-old deletes must keep their tombstones while
+        it replays what came after them."""
         swept = self.progress.state.setdefault("tombstones_swept_at", {})
-        if time.time() - swept.get(table, 0) < 3600 or not DeltaTable.isDeltaTable(spark, path):
+        paths = [p for p in (str(tombstone_path(self.settings, table)), str(moved_path(self.settings, table)))
+                 if DeltaTable.isDeltaTable(spark, p)]
+        if time.time() - swept.get(table, 0) < 3600 or not paths:
             return
-        created = created_at(path)
-        # No tombstone is older than its table: a younger one (a new table, every one of a
-        # rebuild) has nothing to sweep, and counts as swept until the next hour's check.
-        if created is None or time.time() - created >= self.settings.tombstone_hours * 3600:
-            horizon = F.expr(f"current_timestamp() - INTERVAL {int(self.settings.tombstone_hours)} HOURS")
-            DeltaTable.forPath(spark, path).delete(F.col("_applied_at") < horizon)
+        for path in paths:
+            created = created_at(path)
+            # Nothing is older than its table: a younger one (a new table, every one of a
+            # rebuild) has nothing to sweep, and counts as swept until the next hour's check.
+            if created is None or time.time() - created >= self.settings.tombstone_hours * 3600:
+                horizon = F.expr(f"current_timestamp() - INTERVAL {int(self.settings.tombstone_hours)} HOURS")
+                DeltaTable.forPath(spark, path).delete(F.col("_applied_at") < horizon)
         swept[table] = time.time()
 
 
@@ -337,6 +376,8 @@ class TablePlan:
     path: str
     records: DataFrame
     deletes: bool
+    moves: bool                        # a key changed with a TOASTed value left alone
+    moved_away: bool                   # the delete half of a key change
     truncated_at: tuple[int, int] | None
     columns: list[ColumnType] = field(default_factory=list)
     keys: list[str] | None = None

@@ -91,8 +91,7 @@ def measure(spark: SparkSession, settings: Settings, sizes: list[int], batch: in
         local = dataclasses.replace(settings, lake=lake, roots=(), search_url="", metrics_port=0)
         apply = mirrors.MirrorBatch(local, fencing.take(spark, local, mirrors.NAME, []))
         frame = lambda rows, first: spark.createDataFrame(  # noqa: E731
-            [(k, v, TOPIC, 0, first + i) for i, (k, v) in enumerate(rows)],
-            "key binary, value binary, topic string, partition int, offset bigint")
+            [(k, v, TOPIC, 0, first + i, None) for i, (k, v) in enumerate(rows)], mirrors.RECORDS_DDL)
         apply(frame([record("c", 0, 1)], 0), 0)  # step 1
         path = str(mirrors.mirror_path(local, "bench_merge"))
         schema = spark.read.format("delta").load(path).schema

@@ -34,15 +34,23 @@ UNCHANGED = "_unchanged"  # array<string>: columns whose value this change did n
 ERROR = "_error"  # string: why this record cannot be applied (null when it can)
 OPS = ("c", "u", "d", "r", "t")
 UNAVAILABLE = "__debezium_unavailable_value"  # Debezium's default unavailable.value.placeholder
+UNAVAILABLE_BASE64 = base64.b64encode(UNAVAILABLE.encode()).decode()  # the same in a bytea column
+UNAVAILABLE_BYTES = ",".join(str(b) for b in UNAVAILABLE.encode())  # the same in an int array, as JSON
 
 
-def placeholder(column: ColumnType) -> str | None:
-    """How an unavailable value of this column appears in the JSON, if it can."""
-    if column.json_type != "string":
-        return None
-    if column.convert == "base64":
-        return base64.b64encode(UNAVAILABLE.encode()).decode()
-    return UNAVAILABLE
+def placeholder(column: ColumnType) -> Column | None:
+    """How an unavailable value of this column appears in the parsed JSON, if it can: the
+    placeholder text (base64 in a bytea column); in a text-like array a one-element array
+    of it, in an int or bigint array its bytes (Debezium's DBZ-4941, DBZ-5936)."""
+    if column.json_type == "string":
+        return F.lit(UNAVAILABLE_BASE64 if column.convert == "base64" else UNAVAILABLE)
+    element = column.element
+    if column.convert == "array" and element is not None:
+        if element.json_type == "string" and element.convert != "base64":
+            return F.array(F.lit(UNAVAILABLE))
+        if element.json_type in ("int", "bigint"):
+            return F.array(*[F.lit(b).cast(element.json_type) for b in UNAVAILABLE.encode()])
+    return None
 
 
 def convert(value: Column, column: ColumnType) -> Column:
@@ -127,5 +135,5 @@ def decode_changes(records: DataFrame, columns: list[ColumnType]) -> DataFrame:
     )
 
 
-def _is(raw: Column, missing: str | None) -> Column:
+def _is(raw: Column, missing: Column | None) -> Column:
     return F.lit(False) if missing is None else F.coalesce(raw == missing, F.lit(False))

@@ -6,10 +6,12 @@ each batch compares them with the Delta table's:
 - a column added in Postgres is added to the Delta table. Postgres gives the rows that
   existed at the ALTER the column's default without logging a change for them, so when
   Debezium reports a default the rows older than the first event carrying the column
-  are given it. Steps, each safe to repeat after a crash:
+  are given it, whatever the batch boundaries: also when a new mirror's first batch
+  (a rebuild from offset zero) holds events from before and after the ALTER. Steps,
+  each safe to repeat after a crash:
     1. record the pending backfill (columns, defaults, that first position) as a table
-       property `lakesync.backfill`;
-    2. ADD COLUMNS;
+       property `lakesync.backfill` (a new mirror: at its creation);
+    2. ADD COLUMNS (a new mirror is created with them);
     3. (the batch is merged by the caller);
     4. `finish_backfill`: UPDATE the rows older than the position to the default, then
        remove the property. A crash anywhere replays the batch, which finds the property
@@ -77,6 +79,9 @@ def evolve(spark: SparkSession, path: str, columns: list[ColumnType], provenance
     ddl = ", ".join([c.ddl() for c in columns] + [provenance_ddl])
     if not DeltaTable.isDeltaTable(spark, path):
         properties = {**COLUMN_MAPPING, **properties}
+        pending = _backfill_of_new_table(records, [c for c in columns if c.default is not None])
+        if pending:
+            properties[BACKFILL_PROPERTY] = pending
         return ensure_table(spark, path, ddl, properties), properties
     table = DeltaTable.forPath(spark, path)
     recorded = table_properties(spark, path)
@@ -95,9 +100,7 @@ def evolve(spark: SparkSession, path: str, columns: list[ColumnType], provenance
     added = [c for c in columns if c.name not in present]
     with_default = [c for c in added if c.default is not None]
     if with_default:
-        first = _first_position_carrying(records, [c.name for c in with_default])
-        pending = {"before": list(first), "defaults": {c.name: c.default for c in with_default}}
-        recorded[BACKFILL_PROPERTY] = json.dumps(pending)
+        recorded[BACKFILL_PROPERTY] = _backfill(records, with_default)
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
                   f"('{BACKFILL_PROPERTY}' = {sql_string(recorded[BACKFILL_PROPERTY])})")
     if added:
@@ -131,6 +134,30 @@ def finish_backfill(spark: SparkSession, path: str, columns: list[ColumnType],
                 f"(_commit_lsn = {int(task['before'][0])} AND _lsn = {int(task['before'][1])})"
         table.update(condition=older, set=values)
     spark.sql(f"ALTER TABLE delta.`{path}` UNSET TBLPROPERTIES ('{BACKFILL_PROPERTY}')")
+
+
+def _backfill(records: DataFrame, with_default: list[ColumnType]) -> str:
+    """The pending backfill of columns added with a default (step 1), as recorded."""
+    first = _first_position_carrying(records, [c.name for c in with_default])
+    return json.dumps({"before": list(first), "defaults": {c.name: c.default for c in with_default}})
+
+
+def _backfill_of_new_table(records: DataFrame, with_default: list[ColumnType]) -> str | None:
+    """A new mirror whose batch starts before a column was added with a default (a rebuild
+    from offset zero, a table created and altered within one batch): the rows whose latest
+    change predates the column need its default as much as an old mirror's do. Only the
+    batch's first record is read unless it lacks such a column."""
+    if not with_default:
+        return None
+    first = records.where(F.col("value").isNotNull()).orderBy("offset").select(
+        F.get_json_object(F.col("value").cast("string"), "$.schema").alias("schema")).first()
+    if first is None or first["schema"] is None:
+        return None
+    fields = json.loads(first["schema"]).get("fields", [])
+    after = next((f.get("fields", []) for f in fields if f.get("field") == "after"), [])
+    carried = {f.get("field") for f in after}
+    missing = [c for c in with_default if c.name not in carried]
+    return _backfill(records, missing) if missing else None
 
 
 def _first_position_carrying(records: DataFrame, names: list[str]) -> tuple[int, int]:
