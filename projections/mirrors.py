@@ -29,8 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from sync.cdc.decode import (ERROR, PROVENANCE, UNAVAILABLE, UNAVAILABLE_BASE64, UNAVAILABLE_BYTES, UNCHANGED,
-                             decode_changes)
+from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes
 from sync.cdc.ordering import parse_sequence
 from sync.cdc.types import ColumnType, columns, key_columns, quoted, table_columns
 from sync.config import CAPTURED_SCHEMA, TOPIC_PREFIX, Settings
@@ -38,7 +37,7 @@ from sync.delta import catalog, deadletters
 from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
-from sync.delta.keychanges import SAVED_DDL, fill_moved_values, is_key_change_delete, rows_moved_away
+from sync.delta.keychanges import SAVED_DDL, fill_moved_values, is_key_change, rows_moved_away
 from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, inserts, latest_per_key, merge_changes,
                               never_written, rows_added, still_applicable, table_properties, tombstones_of)
 from sync.delta.schema import COLUMN_MAPPING, IncompatibleChange, evolve, finish_backfill
@@ -215,14 +214,12 @@ class MirrorBatch(Batch):
         whether it deletes anything. Each record's JSON is parsed once, for its op; the
         schemas are read from the one record per topic that carries the latest (a
         Debezium record's schema is most of its bytes, and copying it out of every
-        record cost more than the rest of this step). `moves`: a create carries an
-        unchanged-value placeholder, which only a key change's create does
-        (sync/delta/keychanges.py)."""
+        record cost more than the rest of this step). `moves` and `moved_away`: the batch
+        has the create or the delete half of a key change (sync/delta/keychanges.py)."""
         value = F.col("value").cast("string")
         op = F.col("op")
-        placeholder = value.contains(UNAVAILABLE) | value.contains(UNAVAILABLE_BASE64) | value.contains(UNAVAILABLE_BYTES)
         truncate = F.when(op == "t", F.col("offset"))
-        latest = (records.select("topic", "offset", "key", "value", "headers", placeholder.alias("placeholder"),
+        latest = (records.select("topic", "offset", "key", "value", "headers",
                                  F.get_json_object(value, "$.payload.op").alias("op"))
                   .groupBy("topic").agg(
                       F.max_by("value", "offset").alias("last_value"),
@@ -231,8 +228,8 @@ class MirrorBatch(Batch):
                       .alias("last_key"),
                       F.max_by(value, truncate).alias("last_truncate"),  # a null ordering is skipped
                       F.max(op == "d").alias("deletes"),
-                      F.max((op == "c") & F.col("placeholder")).alias("moves"),
-                      F.max(is_key_change_delete(op, F.col("headers"))).alias("moved_away")))
+                      F.max(is_key_change(op, F.col("headers"), "c")).alias("moves"),
+                      F.max(is_key_change(op, F.col("headers"), "d")).alias("moved_away")))
         return (latest.select(
             "topic", "deletes", "moves", "moved_away",
             F.get_json_object(F.col("last_value").cast("string"), "$.schema").alias("value_schema"),
@@ -323,9 +320,10 @@ class MirrorBatch(Batch):
                                      spark.read.format("delta").load(saved) if has_saved else None)
         if table.moved_away:
             rows = rows_moved_away(spark, table.records, good, table.keys, table.path)
-            if not has_saved:
-                ensure_table(spark, saved, SAVED_DDL, self.fence.properties)
-            commit.append(rows, saved, f"{table.name}:moved")
+            if rows is not None:
+                if not has_saved:
+                    ensure_table(spark, saved, SAVED_DDL, self.fence.properties)
+                commit.append(rows, saved, f"{table.name}:moved")
         return good
 
     def _recorded_keys(self, spark: SparkSession, path: str) -> list[str] | None:
@@ -376,7 +374,7 @@ class TablePlan:
     path: str
     records: DataFrame
     deletes: bool
-    moves: bool                        # a key changed with a TOASTed value left alone
+    moves: bool                        # the create half of a key change
     moved_away: bool                   # the delete half of a key change
     truncated_at: tuple[int, int] | None
     columns: list[ColumnType] = field(default_factory=list)

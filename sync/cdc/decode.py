@@ -35,7 +35,6 @@ ERROR = "_error"  # string: why this record cannot be applied (null when it can)
 OPS = ("c", "u", "d", "r", "t")
 UNAVAILABLE = "__debezium_unavailable_value"  # Debezium's default unavailable.value.placeholder
 UNAVAILABLE_BASE64 = base64.b64encode(UNAVAILABLE.encode()).decode()  # the same in a bytea column
-UNAVAILABLE_BYTES = ",".join(str(b) for b in UNAVAILABLE.encode())  # the same in an int array, as JSON
 
 
 def placeholder(column: ColumnType) -> Column | None:

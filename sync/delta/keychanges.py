@@ -1,13 +1,13 @@
 """A row whose primary key changes keeps the TOASTed values the change did not touch.
 
 Postgres logs `UPDATE t SET id = id + 1` as one change of the row; Debezium sends it as
-a delete of the old key (header `__debezium.newkey`) and a create of the new key, both
-at that change's source position. A TOASTed value the update left alone is not in the
+a delete of the old key (header `__debezium.newkey`) and a create of the new key
+(`__debezium.oldkey`), both at that change's source position. A TOASTed value the update left alone is not in the
 WAL (REPLICA IDENTITY DEFAULT), so the create carries Debezium's placeholder (decoded as
 null and named in `_unchanged`), and the new key has no row of its own to keep the value
 from. The value is the old key's, as it was just before that position.
 
-`fill_moved_values`, for the creates of a batch that carry a placeholder:
+`fill_moved_values`, for the creates of a batch's key changes that carry a placeholder:
   1. finds the old key: the delete at the create's position in the batch, else the
      tombstone at that position (an earlier batch applied the delete);
   2. takes each missing value from the old key's latest earlier change in the batch that
@@ -38,16 +38,17 @@ from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED
 from sync.cdc.ordering import later, position_columns
 from sync.cdc.types import columns, quoted
 
-NEW_KEY_HEADER = "__debezium.newkey"  # on the delete half of a key change
+KEY_CHANGE_HEADERS = {"d": "__debezium.newkey", "c": "__debezium.oldkey"}  # on each half of a key change
 MAX_ROUNDS = 8                        # steps 2-3's bound: a key changed this many times in one batch
 ID = ["_topic", "_partition", "_offset"]  # a change's record
 POSITION = ["_commit_lsn", "_lsn"]
 SAVED_DDL = "_commit_lsn bigint, _lsn bigint, _row string, _applied_at timestamp"
 
 
-def is_key_change_delete(op: Column, headers: Column) -> Column:
-    """Whether a Kafka record (its op and headers) is the delete half of a key change."""
-    return (op == "d") & F.exists(headers, lambda h: h["key"] == NEW_KEY_HEADER)
+def is_key_change(op: Column, headers: Column, half: str) -> Column:
+    """Whether a Kafka record (its op and headers) is the delete (`d`) or the create (`c`)
+    half of a key change."""
+    return (op == half) & F.exists(headers, lambda h: h["key"] == KEY_CHANGE_HEADERS[half])
 
 
 def fill_moved_values(spark: SparkSession, changes: DataFrame, keys: list[str], path: str,
@@ -83,18 +84,21 @@ def fill_moved_values(spark: SparkSession, changes: DataFrame, keys: list[str], 
 
 
 def rows_moved_away(spark: SparkSession, records: DataFrame, changes: DataFrame, keys: list[str],
-                    path: str) -> DataFrame:
+                    path: str) -> DataFrame | None:
     """The rows to save for the batch's key-change deletes whose create is not in the
-    batch (see above), in SAVED_DDL's columns. `records` are the table's Kafka records,
-    `changes` its decoded changes after `fill_moved_values`; `path` is the mirror's."""
+    batch (see above), in SAVED_DDL's columns; None when every create is. `records` are
+    the table's Kafka records, `changes` its decoded changes after `fill_moved_values`;
+    `path` is the mirror's."""
     sequence = F.get_json_object(F.col("value").cast("string"), "$.payload.source.sequence")
     commit_lsn, lsn = position_columns(sequence)
-    positions = (records.where(is_key_change_delete(F.get_json_object(F.col("value").cast("string"), "$.payload.op"),
-                                                    F.col("headers")))
+    op = F.get_json_object(F.col("value").cast("string"), "$.payload.op")
+    positions = (records.where(is_key_change(op, F.col("headers"), "d"))
                  .select(commit_lsn.alias("_commit_lsn"), lsn.alias("_lsn")))
     creates = changes.where("_op = 'c'").select(*POSITION)
     deletes = (changes.where("_op = 'd'").join(positions, POSITION, "left_semi").join(creates, POSITION, "left_anti")
                .select(*ID, *POSITION, F.struct(*columns(keys)).alias("old_key")).localCheckpoint())
+    if deletes.isEmpty():
+        return None
     data = _data(changes, keys)
     sources = _batch_rows(changes, keys, data)
     if DeltaTable.isDeltaTable(spark, path):

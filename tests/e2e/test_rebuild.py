@@ -121,8 +121,10 @@ def key_changes_and_an_added_default(settings):
 
 
 def test_every_kind_rebuilt_under_load_equals_the_live_one_and_the_mirrors_swap_in(stack, accounts, synced):
+    # Its live mirror is not checked on its own: the rebuild's verify finds it identical to
+    # the rebuilt one at one source position, and the barrier at the end finds that one
+    # (swapped in) equal to Postgres.
     key_changes_and_an_added_default(stack)
-    synced("keychanges")
     old_mirror = Path(mirrors.mirror_path(stack, "customers"))
     writer = Writer(stack)
     writer.start()
