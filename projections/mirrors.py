@@ -352,9 +352,11 @@ class MirrorBatch(Batch):
         source time: a rebuild replaying year-old deletes must keep their tombstones while
         it replays what came after them."""
         swept = self.progress.state.setdefault("tombstones_swept_at", {})
+        if time.time() - swept.get(table, 0) < 3600:
+            return
         paths = [p for p in (str(tombstone_path(self.settings, table)), str(moved_path(self.settings, table)))
                  if DeltaTable.isDeltaTable(spark, p)]
-        if time.time() - swept.get(table, 0) < 3600 or not paths:
+        if not paths:
             return
         for path in paths:
             created = created_at(path)
@@ -404,8 +406,11 @@ def _refused(table: TablePlan) -> list[DeadLetter]:
     offsets = F.struct("_topic", "_partition", "_offset")
     repeated = (changes.where(F.col(ERROR).isNull())
                 .groupBy(*columns(table.keys), "_commit_lsn", "_lsn")
-                .agg(F.count_distinct(content).alias("versions"), F.collect_list(offsets).alias("records"))
-                .where("versions > 1")
+                # More than one content: its least and greatest differ (no distinct count,
+                # which expands the rows once more: 50k changes 0.50 -> 0.35 s, 400 0.28 -> 0.24 s).
+                .agg(F.min(content).alias("least"), F.max(content).alias("greatest"),
+                     F.collect_list(offsets).alias("records"))
+                .where("least != greatest")
                 .select(F.explode("records").alias("r"))
                 .select("r.*", F.lit("repeated source position with different content").alias(ERROR)))
     undecodable = changes.where(F.col(ERROR).isNotNull()).select("_topic", "_partition", "_offset", ERROR)
