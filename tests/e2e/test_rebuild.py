@@ -6,8 +6,9 @@ kind is rebuilt beside the live one and `--verify` must find the two identical a
 same source position: the ledger and its balances; the customer history (SCD2), the
 enriched ledger (temporal join), the order summary (join view) and the order documents;
 every mirror (one of them with key changes that leave TOASTed values alone and a column
-added with a default); the event-time inputs, windows, sessions and join (whose watermarks, taken
-per event in commit order, must not depend on where either run's batches split). The
+added with a default); the event-time inputs, windows, sessions and join (whose
+watermarks, taken per event in commit order, must not depend on where either run's
+batches split). The
 views, the mirrors and event time are then swapped in, and the tests after this one run
 on them.
 Postgres has the last word: barrier, then verify of every projection.
@@ -96,10 +97,11 @@ def compared(output: str) -> dict[str, tuple[int, int, int]]:
 
 
 def key_changes_and_an_added_default(settings):
-    """A table whose rows' keys change, leaving TOASTed values (text, arrays) alone (one change alone,
-    others inside a larger transaction, one key changed twice in it), and that gains a
-    column with a default after its rows were written: Debezium sends neither the value
-    nor the default for those rows (sync/delta/keychanges.py, sync/delta/schema.py)."""
+    """A table whose rows' keys change, leaving TOASTed values (text, arrays) alone (one
+    change alone, others inside a larger transaction, one key changed twice in it), and
+    that gains a column with a default after its rows were written: Debezium sends
+    neither the values nor the default for those rows (sync/delta/keychanges.py,
+    sync/delta/schema.py)."""
     # Random text does not compress, so Postgres stores it out of line (TOAST).
     rng = random.Random(11)
     rows = [(n, "".join(rng.choices(string.ascii_letters, k=6000)),

@@ -15,6 +15,7 @@ from delta.tables import DeltaTable
 from projections import mirrors
 from sync import config
 from sync.bench import merge_scaling
+from sync.cdc.decode import UNAVAILABLE
 from sync.delta import deadletters, fencing
 from sync.delta.merge import ensure_table
 from sync.errors import Fenced
@@ -229,16 +230,24 @@ def test_a_zombie_writer_is_fenced(spark, settings):
     assert mirror(spark, settings)[1]["name"] == "newer run"
 
 
-def _evolved(fields, key, commit, lsn, **row):
-    """A create event of a `widgets` table whose columns are `fields`."""
+def _change(fields, op, key, commit, lsn, **row):
+    """A change event of a `widgets` table whose columns are `fields`; a delete's before
+    image holds the key alone (REPLICA IDENTITY DEFAULT)."""
     schema = {"type": "struct", "fields": fields, "optional": True}
+    after = None if op == "d" else {"id": key, **row}
+    before = {"id": key} if op == "d" else None
     value = {"schema": {"type": "struct", "fields": [{**schema, "field": "before"}, {**schema, "field": "after"},
                                                      {"type": "struct", "field": "source", "fields": []},
                                                      {"type": "string", "field": "op"}]},
-             "payload": {"before": None, "after": {"id": key, **row}, "op": "c",
+             "payload": {"before": before, "after": after, "op": op,
                          "source": {"sequence": json.dumps([str(commit), str(lsn)]), "lsn": lsn, "txId": commit,
                                     "ts_us": 1711848600123456}}}
     return json.dumps({"schema": KEY_SCHEMA, "payload": {"id": key}}).encode(), json.dumps(value).encode()
+
+
+def _evolved(fields, key, commit, lsn, **row):
+    """A create event of a `widgets` table whose columns are `fields`."""
+    return _change(fields, "c", key, commit, lsn, **row)
 
 
 def test_added_column_with_a_default_reaches_older_rows(spark, settings):
@@ -374,23 +383,7 @@ def test_deletion_vectors_come_on_once_a_merge_copies_many_rows(spark, settings,
     assert int(files["numTargetDeletionVectorsAdded"]) >= 1 and int(files["numTargetRowsCopied"]) == 0
 
 
-UNAVAILABLE = "__debezium_unavailable_value"
 WITH_STOCK = FIELDS[:3] + [{"type": "int32", "optional": True, "default": 7, "field": "stock"}]
-
-
-def _change(fields, op, key, commit, lsn, **row):
-    """A change event of a `widgets` table whose columns are `fields`; a delete's before
-    image holds the key alone (REPLICA IDENTITY DEFAULT)."""
-    schema = {"type": "struct", "fields": fields, "optional": True}
-    after = None if op == "d" else {"id": key, **row}
-    before = {"id": key} if op == "d" else None
-    value = {"schema": {"type": "struct", "fields": [{**schema, "field": "before"}, {**schema, "field": "after"},
-                                                     {"type": "struct", "field": "source", "fields": []},
-                                                     {"type": "string", "field": "op"}]},
-             "payload": {"before": before, "after": after, "op": op,
-                         "source": {"sequence": json.dumps([str(commit), str(lsn)]), "lsn": lsn, "txId": commit,
-                                    "ts_us": 1711848600123456}}}
-    return json.dumps({"schema": KEY_SCHEMA, "payload": {"id": key}}).encode(), json.dumps(value).encode()
 
 
 def _key_change(fields, old, new, commit, lsn, **row):
