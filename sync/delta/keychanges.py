@@ -67,6 +67,9 @@ def fill_moved_values(spark: SparkSession, changes: DataFrame, keys: list[str], 
     if tombstones is not None:
         old_key_at = old_key_at.unionByName(
             tombstones.select(F.struct(*columns(keys)).alias("old_key"), *POSITION))
+    # At the creates' positions only, once: the tombstones are read once, not every round.
+    creates_at = changes.where(f"_op = 'c' AND size({UNCHANGED}) > 0").select(*POSITION)
+    old_key_at = old_key_at.join(creates_at, POSITION, "left_semi").localCheckpoint()
     mirror = spark.read.format("delta").load(path) if DeltaTable.isDeltaTable(spark, path) else None
     missing_before = None
     for _ in range(MAX_ROUNDS):  # steps 2 and 3, a round per step of a chain
