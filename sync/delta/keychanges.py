@@ -43,6 +43,7 @@ MAX_ROUNDS = 8                        # steps 2-3's bound: a key changed this ma
 ID = ["_topic", "_partition", "_offset"]  # a change's record
 POSITION = ["_commit_lsn", "_lsn"]
 SAVED_DDL = "_commit_lsn bigint, _lsn bigint, _row string, _applied_at timestamp"
+MISSING_VALUES = f"_op = 'c' AND size({UNCHANGED}) > 0"  # a create lacking values: a key change's
 
 
 def is_key_change(op: Column, headers: Column, half: str) -> Column:
@@ -60,7 +61,7 @@ def fill_moved_values(spark: SparkSession, changes: DataFrame, keys: list[str], 
     if saved is not None:  # step 4 first: a chain of key changes in the batch may start there
         schema = T.StructType([f for f in changes.schema.fields if f.name in data])
         rows = saved.dropDuplicates(POSITION).select(*POSITION, F.from_json("_row", schema).alias("row"))
-        moved = changes.where(f"_op = 'c' AND size({UNCHANGED}) > 0").select(*ID, *POSITION).join(rows, POSITION)
+        moved = changes.where(MISSING_VALUES).select(*ID, *POSITION).join(rows, POSITION)
         changes = _fill(changes, moved.select(*ID, *[value for i, c in enumerate(data) for value in (
             F.col("row")[c].alias(f"_lakesync_value_{i}"), F.lit(c).alias(f"_lakesync_found_{i}"))]), data)
     old_key_at = changes.where("_op = 'd'").select(F.struct(*columns(keys)).alias("old_key"), *POSITION)
@@ -68,7 +69,7 @@ def fill_moved_values(spark: SparkSession, changes: DataFrame, keys: list[str], 
         old_key_at = old_key_at.unionByName(
             tombstones.select(F.struct(*columns(keys)).alias("old_key"), *POSITION))
     # At the creates' positions only, once: the tombstones are read once, not every round.
-    creates_at = changes.where(f"_op = 'c' AND size({UNCHANGED}) > 0").select(*POSITION)
+    creates_at = changes.where(MISSING_VALUES).select(*POSITION)
     old_key_at = old_key_at.join(creates_at, POSITION, "left_semi").localCheckpoint()
     mirror = spark.read.format("delta").load(path) if DeltaTable.isDeltaTable(spark, path) else None
     missing_before = None
@@ -121,7 +122,7 @@ def _data(changes: DataFrame, keys: list[str]) -> list[str]:
 def _moves(changes: DataFrame, old_key_at: DataFrame) -> DataFrame:
     """The creates still missing values, each with its old key where it is known;
     checkpointed, as every step reads them."""
-    creates = changes.where(f"_op = 'c' AND size({UNCHANGED}) > 0").select(*ID, *POSITION, UNCHANGED)
+    creates = changes.where(MISSING_VALUES).select(*ID, *POSITION, UNCHANGED)
     return creates.join(old_key_at, POSITION).dropDuplicates(ID).localCheckpoint()
 
 

@@ -181,13 +181,9 @@ def deletion_vectors_if_copying(spark: SparkSession, path: str) -> None:
 
 def last_commit_info(path: str) -> dict:
     """The commitInfo action of the table's latest version, read from its log file
-    (DeltaTable.history(1) runs a Spark job for it: 0.4 s a call here)."""
-    return _commit_info(Path(path) / "_delta_log" / f"{latest_version(path):020d}.json")
-
-
-def latest_version(path: str) -> int:
-    """The Delta table's latest version, found from the last checkpoint on (at most a
-    checkpoint interval of files to probe), not by listing the whole log."""
+    (DeltaTable.history(1) runs a Spark job for it: 0.4 s a call here). The latest
+    version is found from the last checkpoint on (at most a checkpoint interval of files
+    to probe), not by listing the whole log."""
     log = Path(path) / "_delta_log"
     checkpoint = log / "_last_checkpoint"
     try:
@@ -196,7 +192,7 @@ def latest_version(path: str) -> int:
         version = 0
     while (log / f"{version + 1:020d}.json").exists():
         version += 1
-    return version
+    return _commit_info(log / f"{version:020d}.json")
 
 
 def _commit_info(commit: Path) -> dict:
