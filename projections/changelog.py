@@ -4,6 +4,7 @@ Input:  the same topics as the mirrors (lakesync.public.*), from offset zero.
 Key:    the Kafka position (topic, partition, offset): one row per record, once.
 Target: <lake>/changelog, an append-only Delta table (`delta.appendOnly=true`): the
         table, op, key, before and after images as JSON text, and the provenance columns.
+        `key` is the primary key; null for a change of a table that has none.
         Kafka compaction removes a key's older versions from its topic; the changelog
         keeps them, so history-needing projections (SCD2, audit) read it, not Kafka.
 Apply:  one append per batch, tagged txnAppId `changelog` / txnVersion = batch id, so
@@ -14,10 +15,13 @@ Apply:  one append per batch, tagged txnAppId `changelog` / txnVersion = batch i
 Oracle: no Postgres query gives history; `check` proves the changelog complete and
         free of duplicates instead: each Kafka position appears once, and replaying it
         (latest op per key, after the table's latest truncate) leaves exactly the keys
-        Postgres holds now.
+        Postgres holds now. A change made while its table had no primary key (pgbench -i
+        adds its keys after loading) counts under the key its row image holds.
 """
 
 from __future__ import annotations
+
+import json
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -25,6 +29,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from projections.mirrors import TOPICS
+from sync.cdc.decode import is_keyless
 from sync.cdc.ordering import position_columns
 from sync.compare import Report, compare
 from sync.config import CAPTURED_SCHEMA, Settings
@@ -57,7 +62,7 @@ def as_changelog(records: DataFrame) -> DataFrame:
     return records.where(F.col("value").isNotNull()).select(
         F.concat_ws(".", payload("source.schema"), payload("source.table")).alias("table"),
         payload("op").alias("_op"),
-        F.get_json_object(F.col("key").cast("string"), "$.payload").alias("key"),
+        F.when(~is_keyless(F.col("key")), F.get_json_object(F.col("key").cast("string"), "$.payload")).alias("key"),
         payload("before").alias("before"),
         payload("after").alias("after"),
         commit_lsn.alias("_commit_lsn"),
@@ -103,16 +108,30 @@ class Changelog(Projection):
 
     def check(self, settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
         """verify's comparison for the changelog (see Oracle above)."""
-        source = _postgres_keys(conn)
+        source, key_columns = _postgres_keys(conn)
         if not DeltaTable.isDeltaTable(spark, target.table):
             return compare(target, source, [], ["table", "key"], ["text", "jsonb"], ["table", "key"])
         # After a resnapshot the log has a gap no one can fill: check from the new snapshot on.
         log = (spark.read.format("delta").load(target.table)
                .where(at_or_after(start_offsets(settings), "_topic", "_partition", "_offset")))
+
+        @F.udf("string", useArrow=False)
+        def key_in_image(table, image):
+            """A keyless change's key: the table's primary key columns of its row image."""
+            names = key_columns.get(table)
+            if not names or image is None:
+                return None
+            row = json.loads(image)
+            return json.dumps({name: row.get(name) for name in names})
+        # Split, not coalesced: Spark runs a Python function on every row of its input.
+        rekeyed = (log.where(F.col("key").isNull() & F.col("table").isin(sorted(key_columns) or [""]))
+                   .withColumn("key", key_in_image("table", F.coalesce("after", "before"))))
+        keyed = log.where(F.col("key").isNotNull()).unionByName(rekeyed)
         position = F.struct("_commit_lsn", "_lsn", "_offset")
-        truncated = (log.where("_op = 't'").groupBy("table")
+        truncated = (keyed.where("_op = 't'").groupBy("table")
                      .agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("truncated")))
-        latest = (log.where(F.col("_op").isin("c", "u", "r", "d")).groupBy("table", "key")
+        latest = (keyed.where(F.col("_op").isin("c", "u", "r", "d") & F.col("key").isNotNull())
+                  .groupBy("table", "key")
                   .agg(F.max_by(F.struct("_op", "_commit_lsn", "_lsn"), position).alias("last")))
         live = (latest.join(truncated, "table", "left")
                 .where((F.col("last._op") != "d") & (F.col("truncated").isNull() | (
@@ -131,8 +150,9 @@ class Changelog(Projection):
 PROJECTION = Changelog()
 
 
-def _postgres_keys(conn) -> list[tuple[str, str]]:
-    """(schema.table, primary key as JSON) of every row of every captured table."""
+def _postgres_keys(conn) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
+    """(schema.table, primary key as JSON) of every row of every captured table that has a
+    primary key, and each such table's key columns."""
     tables = conn.execute(
         "SELECT c.relname, array_agg(a.attname ORDER BY k.ord) "
         "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -145,4 +165,4 @@ def _postgres_keys(conn) -> list[tuple[str, str]]:
         pairs = ", ".join(f"'{c}', \"{c}\"" for c in columns)
         keys.extend(conn.execute(f'SELECT %s, json_build_object({pairs})::text FROM {CAPTURED_SCHEMA}."{table}"',
                                  (f"{CAPTURED_SCHEMA}.{table}",)).fetchall())
-    return keys
+    return keys, {f"{CAPTURED_SCHEMA}.{table}": list(columns) for table, columns in tables}

@@ -2,7 +2,8 @@
 
 Input:  the compacted topics lakesync.public.<table> (one streaming query subscribes by
         pattern, so a table created while everything runs is picked up by the next batch).
-Key:    the table's primary key, from the Kafka record key's schema.
+Key:    the table's primary key, from the Kafka record key's schema. A table without one
+        is kept as a multiset of rows (sync/delta/multiset.py).
 Target: <lake>/mirrors/<table>, columns of the table plus the provenance columns.
 Apply:  per table in the batch: bring the Delta table to the table's columns
         (sync/delta/schema.py), decode, latest change per key, MERGE if newer, record
@@ -29,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes
+from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes, is_keyless
 from sync.cdc.ordering import parse_sequence
 from sync.cdc.types import ColumnType, columns, key_columns, quoted, table_columns
 from sync.config import CAPTURED_SCHEMA, TOPIC_PREFIX, Settings
@@ -40,7 +41,8 @@ from sync.delta.fencing import Fence
 from sync.delta.keychanges import SAVED_DDL, fill_moved_values, is_key_change, rows_moved_away
 from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, inserts, latest_per_key, merge_changes,
                               never_written, rows_added, still_applicable, table_properties, tombstones_of)
-from sync.delta.schema import COLUMN_MAPPING, IncompatibleChange, evolve, finish_backfill
+from sync.delta.multiset import additions, copies_removed, merge_multiset, signed_rows
+from sync.delta.schema import COLUMN_MAPPING, IncompatibleChange, evolve, finish_backfill, sql_string
 from sync.fault import crash_point
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
@@ -135,8 +137,11 @@ class MirrorBatch(Batch):
            b. find the records that cannot be applied (undecodable, or repeating a
               source position);
            c. evolve the schema, MERGE, record tombstones, finish a pending backfill.
+         A table without a primary key takes a multiset MERGE in c instead; a batch
+         holding both kinds of change (a key added or dropped) applies each kind in
+         turn, in source order.
          Each Delta write is its own idempotent commit (txnAppId `mirrors:<table>`,
-         `mirrors:<table>:tombstones`).
+         `mirrors:<table>:keyless`, `mirrors:<table>:tombstones`).
       3. Append what was set aside to the dead letters (txnAppId `mirrors:dead_letters`).
     A crash anywhere replays the whole batch, and every write of the replay is skipped
     or changes nothing.
@@ -192,18 +197,20 @@ class MirrorBatch(Batch):
         alone: its records go to the dead letters, the other tables and projections go on."""
         steps = Steps()
         result = TableResult(table_of(row["topic"]), steps)
+        topic_records = records.where(F.col("topic") == row["topic"])
         try:
-            table = self._plan(commit.spark, records, row)
-            if table.error:
-                result.dead = _all_records(table.records, table.name, table.error)
-                return result
-            if table.changes is None:
-                return result
-            steps.done("decode")
-            failed = _refused(table)
-            steps.done("refuse")
-            result.applied = self._apply_table(commit, table, failed, steps)
-            result.dead = failed
+            for keyless, part in _kinds(topic_records, row):
+                table = self._plan(commit.spark, part, row, keyless)
+                if table.error:
+                    result.dead += _all_records(table.records, table.name, table.error)
+                    continue
+                if table.changes is None:
+                    continue
+                steps.done("decode")
+                failed = _refused(table)
+                steps.done("refuse")
+                result.applied = (result.applied or 0) + self._apply_table(commit, table, failed, steps)
+                result.dead += failed
         except (IncompatibleChange, AnalysisException) as error:
             result.stopped = f"mirror stopped: {_first_line(error)}"
             result.dead = _all_records(records.where(F.col("topic") == row["topic"]), result.name, result.stopped)
@@ -219,34 +226,39 @@ class MirrorBatch(Batch):
         value = F.col("value").cast("string")
         op = F.col("op")
         truncate = F.when(op == "t", F.col("offset"))
+        keyed = F.col("key").isNotNull() & (op != "t") & ~F.col("keyless")
         latest = (records.select("topic", "offset", "key", "value", "headers",
-                                 F.get_json_object(value, "$.payload.op").alias("op"))
+                                 F.get_json_object(value, "$.payload.op").alias("op"),
+                                 is_keyless(F.col("key")).alias("keyless"))
                   .groupBy("topic").agg(
                       F.max_by("value", "offset").alias("last_value"),
-                      # A truncate's key is its topic (connectors/: KeyTruncateEvents), not the table's key.
-                      F.max_by("key", F.when(F.col("key").isNotNull() & (op != "t"), F.col("offset")))
-                      .alias("last_key"),
+                      # A truncate's key is its topic, a keyless change's its own (jvm/smt
+                      # KeyKeylessRecords): neither is the table's key.
+                      F.max_by("key", F.when(keyed, F.col("offset"))).alias("last_key"),
+                      F.min(F.when(keyed, F.col("offset"))).alias("keyed_from"),
+                      F.min(F.when(F.col("keyless"), F.col("offset"))).alias("keyless_from"),
                       F.max_by(value, truncate).alias("last_truncate"),  # a null ordering is skipped
                       F.max(op == "d").alias("deletes"),
+                      F.max(op == "u").alias("updates"),
                       F.max(is_key_change(op, F.col("headers"), "c")).alias("moves"),
                       F.max(is_key_change(op, F.col("headers"), "d")).alias("moved_away")))
         return (latest.select(
-            "topic", "deletes", "moves", "moved_away",
+            "topic", "deletes", "updates", "moves", "moved_away", "keyed_from", "keyless_from",
             F.get_json_object(F.col("last_value").cast("string"), "$.schema").alias("value_schema"),
             F.get_json_object(F.col("last_key").cast("string"), "$.schema").alias("key_schema"),
             F.get_json_object(F.col("last_truncate"), "$.payload.source.sequence").alias("truncate_sequence"),
         ).orderBy("topic").collect())
 
-    def _plan(self, spark: SparkSession, records: DataFrame, row) -> "TablePlan":
-        """What step 3 needs for one table; `error` when none of its records can apply."""
+    def _plan(self, spark: SparkSession, records: DataFrame, row, keyless: bool) -> "TablePlan":
+        """What step 3 needs for one table's `records` (all keyless changes or none);
+        `error` when none of its records can apply."""
         name = table_of(row["topic"])
-        plan = TablePlan(name=name, path=str(mirror_path(self.settings, name)),
-                         records=records.where(F.col("topic") == row["topic"]),
-                         deletes=bool(row["deletes"]), moves=bool(row["moves"]),
+        plan = TablePlan(name=name, path=str(mirror_path(self.settings, name)), records=records, keyless=keyless,
+                         deletes=bool(row["deletes"]), updates=bool(row["updates"]), moves=bool(row["moves"]),
                          moved_away=bool(row["moved_away"]), truncated_at=parse_sequence(row["truncate_sequence"]))
         try:
             plan.columns = table_columns(json.loads(row["value_schema"] or "{}"))
-            plan.keys = key_columns(json.loads(row["key_schema"])) if row["key_schema"] else None
+            plan.keys = [] if keyless else key_columns(json.loads(row["key_schema"])) if row["key_schema"] else None
         except (ValueError, KeyError, TypeError) as error:
             plan.error = f"cannot read the table's schema: {error}"
             return plan
@@ -254,12 +266,10 @@ class MirrorBatch(Batch):
             plan.keys = self._recorded_keys(spark, plan.path)
             if plan.keys is None:
                 return plan  # a table never mirrored was truncated: nothing to remove
-        if not plan.keys:
-            plan.error = f"table {name} has no primary key; mirrors need one"
-            return plan
+            plan.keyless = not plan.keys
         # Decoded once and checkpointed: step 2 and step 3 each read it, and a plan over
         # the JSON itself costs several times the decode (its parse is repeated per use).
-        plan.changes = decode_changes(plan.records, plan.columns).localCheckpoint(eager=True)
+        plan.changes = decode_changes(plan.records, plan.columns, before=plan.keyless).localCheckpoint(eager=True)
         return plan
 
     def _apply_table(self, commit: BatchCommit, table: "TablePlan", failed: list[DeadLetter], steps: Steps) -> int:
@@ -270,6 +280,10 @@ class MirrorBatch(Batch):
         keys = table.keys
         properties = {KEYS_PROPERTY: json.dumps(keys), **self.fence.properties}
         target, recorded = evolve(spark, table.path, table.columns, PROVENANCE_DDL, table.records, properties)
+        if recorded.get(KEYS_PROPERTY, properties[KEYS_PROPERTY]) != properties[KEYS_PROPERTY]:
+            # A key added or dropped: a later batch of truncates alone goes by this one.
+            spark.sql(f"ALTER TABLE delta.`{table.path}` SET TBLPROPERTIES "
+                      f"('{KEYS_PROPERTY}' = {sql_string(properties[KEYS_PROPERTY])})")
         truncated_at = self._truncated_at(spark, table.path, recorded, table.truncated_at)
         steps.done("evolve")
         good = table.changes.where(F.col(ERROR).isNull()).drop(ERROR)
@@ -277,6 +291,10 @@ class MirrorBatch(Batch):
             refused = spark.createDataFrame([(f.topic, f.partition, f.offset) for f in failed],
                                             "_topic string, _partition int, _offset bigint")
             good = good.join(refused, ["_topic", "_partition", "_offset"], "left_anti")
+        if table.keyless:
+            applied = self._apply_multiset(commit, table, target, good, truncated_at, steps)
+            finish_backfill(spark, table.path, table.columns, recorded)
+            return applied
         tombstones = str(tombstone_path(self.settings, table.name))
         known_dead = (spark.read.format("delta").load(tombstones)
                       if DeltaTable.isDeltaTable(spark, tombstones) else None)
@@ -307,6 +325,22 @@ class MirrorBatch(Batch):
         finish_backfill(spark, table.path, table.columns, recorded)
         steps.done("tombstones")
         return int(metrics.get("num_affected_rows", 0))
+
+    def _apply_multiset(self, commit: BatchCommit, table: "TablePlan", target: DeltaTable, good: DataFrame,
+                        truncated_at: tuple[int, int] | None, steps: Steps) -> int:
+        """Step 3's MERGE for a table without a primary key (sync/delta/multiset.py)."""
+        signed = signed_rows(still_applicable(good, [], truncated_at, None), target).localCheckpoint()
+        added = additions(signed)
+        steps.done("latest_per_key")
+        name = f"{table.name}:keyless"
+        if never_written(table.path) or (table.truncated_at is None and not (table.deletes or table.updates)):
+            commit.append(inserts(target, added), table.path, name)  # nothing to remove: an append
+            applied = rows_added(table.path)
+        else:
+            merge = merge_multiset(target, added, copies_removed(signed, target), table.truncated_at)
+            applied = int(commit.merge(merge, table.path, name).get("num_affected_rows", 0))
+        steps.done("merge")
+        return applied
 
     def _key_changes(self, commit: BatchCommit, table: "TablePlan", good: DataFrame,
                      known_dead: DataFrame | None) -> DataFrame:
@@ -375,7 +409,9 @@ class TablePlan:
     name: str
     path: str
     records: DataFrame
+    keyless: bool                      # changes of a table without a primary key (a multiset)
     deletes: bool
+    updates: bool
     moves: bool                        # the create half of a key change
     moved_away: bool                   # the delete half of a key change
     truncated_at: tuple[int, int] | None
@@ -396,11 +432,29 @@ class TableResult:
     dead: list[DeadLetter] = field(default_factory=list)       # records set aside
 
 
+def _kinds(records: DataFrame, row) -> list[tuple[bool, DataFrame]]:
+    """A table's records in the batch split by kind, keyless changes (True) or the others,
+    the kind that comes first in the topic first (a table gains or loses its key between
+    them). Truncates go with the others; a batch of one kind is not split."""
+    if row["keyless_from"] is None:
+        return [(False, records)]
+    if row["keyed_from"] is None:
+        return [(True, records)]
+    keyless = is_keyless(F.col("key"))
+    kinds = [(True, records.where(keyless)), (False, records.where(~keyless))]
+    return kinds if row["keyless_from"] < row["keyed_from"] else kinds[::-1]
+
+
 def _refused(table: TablePlan) -> list[DeadLetter]:
     """The table's changes that must not be applied: undecodable ones, and changes that
     repeat a source position already taken by a different change of the same key (one
-    of them is wrong, and guessing which would be silent loss)."""
+    of them is wrong, and guessing which would be silent loss). A keyless table's rows
+    share positions (a COPY logs many in one WAL record) and have no key to repeat."""
     changes = table.changes
+    undecodable = changes.where(F.col(ERROR).isNotNull()).select("_topic", "_partition", "_offset", ERROR)
+    if table.keyless:
+        return [DeadLetter(row["_topic"], row["_partition"], row["_offset"], table.name, row[ERROR])
+                for row in undecodable.collect()]
     data = [c for c in changes.columns if c not in PROVENANCE and c not in (UNCHANGED, ERROR)]
     content = F.xxhash64(*[F.col(quoted(c)) for c in data], F.col("_op"))
     offsets = F.struct("_topic", "_partition", "_offset")
@@ -413,7 +467,6 @@ def _refused(table: TablePlan) -> list[DeadLetter]:
                 .where("least != greatest")
                 .select(F.explode("records").alias("r"))
                 .select("r.*", F.lit("repeated source position with different content").alias(ERROR)))
-    undecodable = changes.where(F.col(ERROR).isNotNull()).select("_topic", "_partition", "_offset", ERROR)
     return [DeadLetter(row["_topic"], row["_partition"], row["_offset"], table.name, row[ERROR])
             for row in undecodable.unionByName(repeated).collect()]
 

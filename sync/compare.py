@@ -2,7 +2,8 @@
 
 Every value is canonicalised by its Postgres column type (so 1.50 and 1.5, a UTC
 instant and its timestamptz, a JSON text and a jsonb value compare equal), each row is
-hashed, and the two sides are compared by key. A `Report` has the row counts, an
+hashed, and the two sides are compared by key; a table without a key is compared as a
+multiset (each distinct row with its number of copies). A `Report` has the row counts, an
 order-independent content hash per side, the number of differing keys and up to
 SAMPLE of them with both sides. `lakesync verify` (sync/commands/verify.py) and the
 projections' own checks build their reports here.
@@ -15,6 +16,7 @@ import hashlib
 import json
 import struct
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Iterable
@@ -116,15 +118,43 @@ class Report:
         return out
 
 
-def _content_hash(digests: dict) -> str:
-    total = sum(int.from_bytes(d, "big") for d in digests.values()) % (1 << 128)
+def _content_hash(digests: Iterable[bytes]) -> str:
+    total = sum(int.from_bytes(d, "big") for d in digests) % (1 << 128)
     return f"{total:032x}"
+
+
+def _compare_multisets(report: Report, source_rows: Iterable[tuple], target_rows: Iterable[tuple],
+                       columns: list[str], types: list[str]) -> Report:
+    """A table without a key: equal when every distinct row has as many copies on both sides."""
+    def count(rows: Iterable[tuple]) -> tuple[Counter, dict[str, list], int]:
+        copies, canonical_rows, total = Counter(), {}, 0
+        for row in rows:
+            total += 1
+            canon = [canonical(v, t) for v, t in zip(row, types)]
+            text = json.dumps(canon)
+            copies[text] += 1
+            canonical_rows[text] = canon
+        return copies, canonical_rows, total
+
+    source, source_canon, report.source_rows = count(source_rows)
+    mirror, mirror_canon, report.target_rows = count(target_rows)
+    report.source_hash = _content_hash(row_digest(source_canon[k]) for k, n in source.items() for _ in range(n))
+    report.target_hash = _content_hash(row_digest(mirror_canon[k]) for k, n in mirror.items() for _ in range(n))
+    for text in sorted(set(source) | set(mirror)):
+        if source[text] == mirror[text]:
+            continue
+        report.differences += abs(source[text] - mirror[text])
+        if len(report.sample) < SAMPLE:
+            row = dict(zip(columns, (source_canon.get(text) or mirror_canon[text])))
+            report.sample.append({"row": row, "source_copies": source[text], "target_copies": mirror[text]})
+    return report
 
 
 def compare(target: Target, source_rows: Iterable[tuple], target_rows: Iterable[tuple],
             columns: list[str], types: list[str], keys: list[str]) -> Report:
     """Pure comparison of two row sets given in `columns` order (unit-tested)."""
-    keys = keys or columns  # compared row by row when there is no key
+    if not keys:
+        return _compare_multisets(Report(target.name, target.kind), source_rows, target_rows, columns, types)
     key_at = [columns.index(k) for k in keys]
 
     def index(rows: Iterable[tuple]) -> tuple[dict[str, tuple[bytes, list]], int, list[str]]:
@@ -146,8 +176,8 @@ def compare(target: Target, source_rows: Iterable[tuple], target_rows: Iterable[
     for key in duplicates[:SAMPLE]:
         report.sample.append({"key": dict(zip(keys, json.loads(key))), "source": None,
                               "target": "duplicate row"})
-    report.source_hash = _content_hash({k: v[0] for k, v in source.items()})
-    report.target_hash = _content_hash({k: v[0] for k, v in mirror.items()})
+    report.source_hash = _content_hash(v[0] for v in source.values())
+    report.target_hash = _content_hash(v[0] for v in mirror.values())
     for key in sorted(set(source) | set(mirror)):
         left, right = source.get(key), mirror.get(key)
         if left is not None and right is not None and left[0] == right[0]:

@@ -9,14 +9,16 @@ table. Mirrors, tombstones and the newer-than guard all need a key as well.
 So the rule is a clear refusal at DDL time, before any row is written: an event trigger
 rejects CREATE TABLE / ALTER TABLE that leave a table of the captured schema without a
 primary key, naming the table and what to do. Keyless tables belong in another schema,
-which is not captured. Tables that are already keyless when this migration runs are
-refused the same way, by name, so `lakesync up` stops before capture begins.
+which is not captured.
+
+Replaced by 0005 (keyless tables are captured, with REPLICA IDENTITY FULL). So that a
+database which already has keyless tables can be brought to 0005, this revision no
+longer refuses them when it runs.
 
 Revision ID: 0002
 """
 
 from alembic import op
-from sqlalchemy import text
 
 from sync.config import CAPTURED_SCHEMA, CONTROL_SCHEMA
 
@@ -30,13 +32,6 @@ MESSAGE = ("lakesync: table %s has no primary key. Every table of schema " + CAP
 
 
 def upgrade() -> None:
-    keyless = op.get_bind().execute(text(
-        "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = :schema AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND NOT EXISTS "
-        "(SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)"),
-        {"schema": CAPTURED_SCHEMA}).scalars().all()
-    if keyless:
-        raise RuntimeError(MESSAGE % ", ".join(keyless))
     op.execute(f"""
         CREATE FUNCTION {CONTROL_SCHEMA}.require_primary_key() RETURNS event_trigger
         LANGUAGE plpgsql AS $$

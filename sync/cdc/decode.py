@@ -8,7 +8,9 @@ carry no change and are left out here.
 Unchanged TOASTed values: when an update leaves a large (TOASTed) value untouched,
 Postgres does not log it and Debezium sends a placeholder instead. Such a value is
 decoded as null and its column is named in `_unchanged`, so the merge keeps what the
-target already holds; the placeholder itself is never stored.
+target already holds; the placeholder itself is never stored. Under REPLICA IDENTITY
+FULL the change's old row carries the value (Postgres logs it whole): it is taken from
+there instead.
 
 Nothing is applied by guess: a record that is not a change event, has no source
 position, or holds a value its column cannot take exactly (a NaN in numeric(p,s), a
@@ -32,9 +34,17 @@ SOURCE_STRUCT = ("struct<sequence: string, lsn: bigint, txId: bigint, ts_us: big
 PROVENANCE = ["_commit_lsn", "_lsn", "_txid", "_source_ts", "_op", "_topic", "_partition", "_offset"]
 UNCHANGED = "_unchanged"  # array<string>: columns whose value this change did not carry
 ERROR = "_error"  # string: why this record cannot be applied (null when it can)
+BEFORE = "_before"  # struct of the table's columns: the old row of an update (decode_changes(before=True))
 OPS = ("c", "u", "d", "r", "t")
 UNAVAILABLE = "__debezium_unavailable_value"  # Debezium's default unavailable.value.placeholder
 UNAVAILABLE_BASE64 = base64.b64encode(UNAVAILABLE.encode()).decode()  # the same in a bytea column
+KEYLESS_KEY_SCHEMA = "io.lakesync.KeylessRowKey"  # the key jvm/smt KeyKeylessRecords gives a keyless change
+
+
+def is_keyless(key: Column) -> Column:
+    """Whether a Kafka record key (JSON bytes) is not a primary key but the one a change of a
+    table without a primary key was given on its way to the compacted topic."""
+    return F.coalesce(F.get_json_object(key.cast("string"), "$.schema.name") == KEYLESS_KEY_SCHEMA, F.lit(False))
 
 
 def placeholder(column: ColumnType) -> Column | None:
@@ -86,11 +96,13 @@ def row_struct(columns: list[ColumnType]) -> str:
     return "struct<" + ", ".join(f"{quoted(c.name)}: {c.json_type}" for c in columns) + ">"
 
 
-def decode_changes(records: DataFrame, columns: list[ColumnType]) -> DataFrame:
+def decode_changes(records: DataFrame, columns: list[ColumnType], before: bool = False) -> DataFrame:
     """Kafka records of one table -> typed change rows with provenance.
 
     The row image is `after` for c/u/r and `before` for d (it holds the key); a
-    truncate (op t) has neither and keeps only its provenance.
+    truncate (op t) has neither and keeps only its provenance. With `before`, the old
+    row is also decoded, into the struct column `_before` (null where the change has
+    none): a table without a key finds the row an update replaces by it.
     """
     row = row_struct(columns)
     envelope = (f"struct<payload: struct<before: {row}, after: {row}, source: {SOURCE_STRUCT}, "
@@ -105,8 +117,10 @@ def decode_changes(records: DataFrame, columns: list[ColumnType]) -> DataFrame:
         raw, missing = image[c.name], placeholder(c)
         value = convert(raw, c)
         if missing is not None:
-            value = F.when(raw == missing, None).otherwise(value)
-            unavailable.append(F.when(raw == missing, F.lit(c.name)))
+            old = F.col("e.payload.before")[c.name]
+            carried_by_old = (raw == missing) & old.isNotNull() & (old != missing)
+            value = F.when(carried_by_old, convert(old, c)).when(raw == missing, None).otherwise(value)
+            unavailable.append(F.when((raw == missing) & ~carried_by_old, F.lit(c.name)))
         values.append(value.alias(c.name))
         failed.append(F.when(raw.isNotNull() & value.isNull() & ~_is(raw, missing),
                              F.lit(f"column {c.name}: value not representable as {c.delta_type}")))
@@ -131,6 +145,9 @@ def decode_changes(records: DataFrame, columns: list[ColumnType]) -> DataFrame:
         F.col("offset").alias("_offset"),
         unchanged.alias(UNCHANGED),
         error.alias(ERROR),
+        *([F.when(F.col("e.payload.before").isNotNull(), F.struct(*[
+            convert(F.col("e.payload.before")[c.name], c).alias(c.name) for c in columns])).alias(BEFORE)]
+          if before else []),
     )
 
 

@@ -15,7 +15,7 @@ from delta.tables import DeltaTable
 from projections import mirrors
 from sync import config
 from sync.bench import merge_scaling
-from sync.cdc.decode import UNAVAILABLE
+from sync.cdc.decode import KEYLESS_KEY_SCHEMA, UNAVAILABLE
 from sync.delta import deadletters, fencing
 from sync.delta.merge import ensure_table
 from sync.errors import Fenced
@@ -437,3 +437,74 @@ def test_a_history_of_key_changes_and_an_added_column_in_one_batch_or_split_at_r
     for n, split in enumerate([split_pairs, cuts]):
         lake = dataclasses.replace(settings, lake=settings.lake.with_name(f"lake{n}"))
         assert _mirrored(spark, lake, split) == EXPECTED, f"cuts {split} (seed {seed})"
+
+
+KEYLESS_KEY = {"type": "struct", "name": KEYLESS_KEY_SCHEMA, "optional": False,
+               "fields": [{"type": "int64", "field": f} for f in ("lsn", "seq", "task_started_ms")]}
+
+
+def _keyless(op, commit, lsn, seq, before=None, after=None):
+    """A change of a `widgets` table without a primary key, as KeyKeylessRecords keys it:
+    whole old rows (REPLICA IDENTITY FULL); rows are (id, name, price)."""
+    def image(row):
+        return None if row is None else {"id": row[0], "name": row[1], "price": row[2], "seen_at": None}
+    value = {"schema": VALUE_SCHEMA, "payload": {
+        "before": image(before), "after": image(after), "op": op,
+        "source": {"sequence": json.dumps([str(commit) if commit else None, str(lsn)]), "lsn": lsn,
+                   "txId": commit or 1, "ts_us": 1711848600123456}}}
+    key = {"schema": KEYLESS_KEY, "payload": {"lsn": lsn, "seq": seq, "task_started_ms": 1}}
+    return json.dumps(key).encode(), json.dumps(value).encode()
+
+
+A, A2, B, C = (1, "a", "1.00"), (1, "a2", "1.00"), (2, "b " * 900, "2.00"), (3, "c", "3.00")
+# A table without a key: a snapshot and a COPY with duplicates (rows of one LSN), an
+# update and a delete of one of two equal rows, an update leaving a TOASTed value alone,
+# a truncate, and at the end the primary key added (pgbench -i does that after loading).
+KEYLESS_HISTORY = [
+    _keyless("r", None, 10, 0, after=A), _keyless("r", None, 10, 1, after=A), _keyless("r", None, 10, 2, after=B),
+    _keyless("c", 20, 21, 0, after=C), _keyless("c", 20, 21, 1, after=C), _keyless("c", 20, 21, 2, after=C),
+    _keyless("u", 30, 31, 0, before=A, after=A2),
+    _keyless("d", 40, 41, 0, before=C),
+    _keyless("u", 50, 51, 0, before=B, after=(2, UNAVAILABLE, "2.50")),
+    _keyless("c", 60, 61, 0, after=(4, "d", "4.00")),
+    _keyless("d", 70, 71, 0, before=(4, "d", "4.00")),
+    _keyless("c", 80, 81, 0, after=(4, "d", "4.00")),
+]
+KEYLESS_EXPECTED = {(1, "a", Decimal("1.00")): 1, (1, "a2", Decimal("1.00")): 1, (2, "b " * 900, Decimal("2.50")): 1,
+                    (3, "c", Decimal("3.00")): 2, (4, "d", Decimal("4.00")): 1}
+KEYLESS_TAIL = [
+    event("t", None, 90, 91),
+    _keyless("c", 100, 101, 0, after=(5, "e", "5.00")), _keyless("c", 100, 101, 1, after=(5, "e", "5.00")),
+    _keyless("c", 100, 101, 2, after=(6, "f", "6.00")),
+    _keyless("d", 110, 111, 0, before=(5, "e", "5.00")),
+    event("u", 6, 120, 121, "f, keyed", "6.10", seen_at=None),  # after ALTER TABLE ADD PRIMARY KEY (id)
+    event("c", 7, 120, 122, "g", "7.00", seen_at=None),
+]
+KEYLESS_TAIL_EXPECTED = {(5, "e", Decimal("5.00")): 1, (6, "f, keyed", Decimal("6.10")): 1,
+                         (7, "g", Decimal("7.00")): 1}
+
+
+def _multiset(spark, settings):
+    from collections import Counter
+    path = str(mirrors.mirror_path(settings, "widgets"))
+    return Counter((r["id"], r["name"], r["price"]) for r in spark.read.format("delta").load(path).collect())
+
+
+def test_a_table_without_a_key_is_mirrored_as_a_multiset_in_one_batch_or_split_at_random(spark, settings):
+    """Equal rows are copies: each update or delete replaces or removes one of them, whatever
+    the batch boundaries; then the table gains its key and is merged by it. A replayed
+    batch changes nothing (random cuts, seeded; the seed is in the failure's message)."""
+    import random
+    history = KEYLESS_HISTORY + KEYLESS_TAIL
+    seed = random.randrange(1 << 30)
+    cuts = sorted(random.Random(seed).sample(range(1, len(history)), 5))
+    for n, split in enumerate([[len(KEYLESS_HISTORY)], cuts]):
+        lake = dataclasses.replace(settings, lake=settings.lake.with_name(f"lake{n}"))
+        apply = new_batch(spark, lake)
+        bounds = [0, *split, len(history)]
+        for batch_id, (start, end) in enumerate(zip(bounds, bounds[1:])):
+            apply(batch(spark, history[start:end], start), batch_id)
+            if end == len(KEYLESS_HISTORY):
+                assert _multiset(spark, lake) == KEYLESS_EXPECTED, f"cuts {split} (seed {seed})"
+        apply(batch(spark, history[start:end], start), batch_id)  # the last batch replayed
+        assert _multiset(spark, lake) == KEYLESS_TAIL_EXPECTED, f"cuts {split} (seed {seed})"

@@ -1,4 +1,4 @@
-"""verify's comparison: canonical values, order independence, differing keys named."""
+"""verify's comparison: canonical values, order independence, differing keys named, multisets."""
 
 import datetime as dt
 from decimal import Decimal
@@ -50,3 +50,15 @@ def test_a_key_held_twice_is_a_difference_even_when_both_copies_are_right():
     report = compare(TARGET, source, target, COLUMNS, TYPES, ["id"])
     assert report.differences == 1 and report.target_rows == 3
     assert report.sample == [{"key": {"id": "2"}, "source": None, "target": "duplicate row"}]
+
+
+def test_a_table_without_a_key_is_compared_as_a_multiset():
+    source = rows((1, "1.00"), (1, "1.00"), (2, "2.00"))
+    same = compare(TARGET, source, rows((2, "2.0"), (1, "1"), (1, "1.0")), COLUMNS, TYPES, [])
+    assert (same.source_rows, same.target_rows, same.differences) == (3, 3, 0)
+    assert same.source_hash == same.target_hash
+    one_copy_short = compare(TARGET, source, rows((1, "1.00"), (2, "2.00"), (3, "3.00")), COLUMNS, TYPES, [])
+    assert one_copy_short.differences == 2 and one_copy_short.source_hash != one_copy_short.target_hash
+    by_id = {s["row"]["id"]: s for s in one_copy_short.sample}
+    assert (by_id["1"]["source_copies"], by_id["1"]["target_copies"]) == (2, 1)
+    assert (by_id["3"]["source_copies"], by_id["3"]["target_copies"]) == (0, 1)
