@@ -1,6 +1,6 @@
 """The bronze changelog: every change event as received, appended, never changed.
 
-Input:  the same topics as the mirrors (lakesync.public.*), from offset zero.
+Input:  the same topics as the mirrors (lakesync.public.*, and the drops of captured tables), from offset zero.
 Key:    the Kafka position (topic, partition, offset): one row per record, once.
 Target: <lake>/changelog, an append-only Delta table (`delta.appendOnly=true`): the
         table, op, key, before and after images as JSON text, and the provenance columns.
@@ -14,7 +14,7 @@ Apply:  one append per batch, tagged txnAppId `changelog` / txnVersion = batch i
         what was received, and the mirrors send such records to the dead letters.
 Oracle: no Postgres query gives history; `check` proves the changelog complete and
         free of duplicates instead: each Kafka position appears once, and replaying it
-        (latest op per key, after the table's latest truncate) leaves exactly the keys
+        (latest op per key, after the table's latest truncate or drop) leaves exactly the keys
         Postgres holds now. A change made while its table had no primary key (pgbench -i
         adds its keys after loading) counts under the key its row image holds.
 """
@@ -32,7 +32,7 @@ from projections.mirrors import TOPICS
 from sync.cdc.decode import is_keyless
 from sync.cdc.ordering import position_columns
 from sync.compare import Report, compare
-from sync.config import CAPTURED_SCHEMA, Settings
+from sync.config import CAPTURED_SCHEMA, TABLE_DROPS_TABLE, Settings
 from sync.delta import catalog
 from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
@@ -128,8 +128,12 @@ class Changelog(Projection):
                    .withColumn("key", key_in_image("table", F.coalesce("after", "before"))))
         keyed = log.where(F.col("key").isNotNull()).unionByName(rekeyed)
         position = F.struct("_commit_lsn", "_lsn", "_offset")
-        truncated = (keyed.where("_op = 't'").groupBy("table")
-                     .agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("truncated")))
+        # A drop of the table (mirrors.DROPS_TOPIC) ends its rows like a truncate.
+        dropped = F.concat_ws(".", F.get_json_object("after", "$.schema_name"), F.get_json_object("after", "$.table_name"))
+        drops = log.where((F.col("table") == TABLE_DROPS_TABLE) & (F.col("_op") == "c")).select(
+            dropped.alias("table"), "_commit_lsn", "_lsn")
+        truncated = (keyed.where("_op = 't'").select("table", "_commit_lsn", "_lsn").unionByName(drops)
+                     .groupBy("table").agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("truncated")))
         latest = (keyed.where(F.col("_op").isin("c", "u", "r", "d") & F.col("key").isNotNull())
                   .groupBy("table", "key")
                   .agg(F.max_by(F.struct("_op", "_commit_lsn", "_lsn"), position).alias("last")))

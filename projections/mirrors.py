@@ -1,7 +1,10 @@
 """Generic mirrors: every table of the captured schema, as a Delta table, with no code per table.
 
 Input:  the compacted topics lakesync.public.<table> (one streaming query subscribes by
-        pattern, so a table created while everything runs is picked up by the next batch).
+        pattern, so a table created while everything runs is picked up by the next batch),
+        and lakesync.lakesync.table_drops: a DROP TABLE, taken as a truncate of that table
+        at the drop's source position (migrations 0006), so a table created again under
+        the same name starts from no rows.
 Key:    the table's primary key, from the Kafka record key's schema. A table without one
         is kept as a multiset of rows (sync/delta/multiset.py).
 Target: <lake>/mirrors/<table>, columns of the table plus the provenance columns.
@@ -31,16 +34,17 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes, is_keyless
-from sync.cdc.ordering import parse_sequence
+from sync.cdc.ordering import newer_than_literal, parse_sequence
 from sync.cdc.types import ColumnType, columns, key_columns, quoted, table_columns
-from sync.config import CAPTURED_SCHEMA, TOPIC_PREFIX, Settings
+from sync.config import CAPTURED_SCHEMA, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings
 from sync.delta import catalog, deadletters
 from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
 from sync.delta.keychanges import SAVED_DDL, fill_moved_values, is_key_change, rows_moved_away
-from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, inserts, latest_per_key, merge_changes,
-                              never_written, rows_added, still_applicable, table_properties, tombstones_of)
+from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, inserts, last_commit_info, latest_per_key,
+                              merge_changes, never_written, rows_added, still_applicable, table_properties,
+                              tombstones_of)
 from sync.delta.multiset import additions, copies_removed, merge_multiset, signed_rows
 from sync.delta.schema import COLUMN_MAPPING, IncompatibleChange, evolve, finish_backfill, sql_string
 from sync.fault import crash_point
@@ -51,7 +55,8 @@ from sync.streaming.stream import at_or_after, read_topics, run_batches, start_o
 
 NAME = "mirrors"
 KIND = "mirror"
-TOPIC_PATTERN = re.escape(f"{TOPIC_PREFIX}.{CAPTURED_SCHEMA}.") + r"[^.]+"
+DROPS_TOPIC = f"{TOPIC_PREFIX}.{TABLE_DROPS_TABLE}"
+TOPIC_PATTERN = "(?:" + re.escape(f"{TOPIC_PREFIX}.{CAPTURED_SCHEMA}.") + r"[^.]+|" + re.escape(DROPS_TOPIC) + ")"
 TOPICS = KafkaTopics(TOPIC_PATTERN, headers=True)  # a key change's delete is marked by a header
 RECORDS_DDL = ("key binary, value binary, topic string, partition int, offset bigint, "
                "headers array<struct<key: string, value: binary>>")  # what the Kafka source hands a batch
@@ -100,7 +105,8 @@ class Mirrors(Projection):
         return [target(settings, table) for table in found]
 
     def verify_targets(self, settings: Settings, conn) -> list[Target]:
-        """Every table of the captured schema in Postgres, and every mirror in the lake."""
+        """Every table of the captured schema in Postgres, and every mirror in the lake (a
+        table dropped and not created again: compared with no rows)."""
         rows = conn.execute(
             "SELECT c.relname, array_agg(a.attname ORDER BY k.ord) FILTER (WHERE a.attname IS NOT NULL) "
             "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -110,7 +116,10 @@ class Mirrors(Projection):
             "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') GROUP BY c.relname", (CAPTURED_SCHEMA,)).fetchall()
         keys = {table: list(columns or []) for table, columns in rows}
         names = sorted(set(keys) | {t.name.split(".", 1)[1] for t in self.targets(settings)})
-        return [replace(target(settings, table), keys=keys.get(table, [])) for table in names]
+        # A mirror whose table was dropped must hold no rows: Postgres has none.
+        gone = "SELECT NULL::text AS dropped WHERE false"
+        return [replace(target(settings, table), keys=keys.get(table, []),
+                        **({} if table in keys else {"oracle_sql": gone})) for table in names]
 
     def lag_of(self, target: Target, lag_by_topic: dict[str, int]) -> int:
         return lag_by_topic.get(f"{TOPIC_PREFIX}.{target.source}", 0)
@@ -130,7 +139,8 @@ class MirrorBatch(Batch):
     """Applies one micro-batch to every table it touches (sync/streaming/batch.py runs it).
 
     Steps, in order:
-      1. Per topic in the batch, in one job: the table's columns, key and latest truncate.
+      1. Per topic in the batch, in one job: the table's columns, key and latest truncate
+         (or drop: a table dropped in the batch without records in it is planned too).
       2. Per table, up to `apply_threads` tables at once (each on a session of its own;
          crash point `between_tables` when the first is done):
            a. decode its changes once, checkpointed for b and c;
@@ -159,7 +169,7 @@ class MirrorBatch(Batch):
         # first (spark.databricks.delta.merge.materializeSource, sync/streaming/spark.py).
         records = batch.where(F.col("value").isNotNull() & self.after_resnapshot).localCheckpoint(eager=True)
         steps.done("read")
-        topics = self._tables(records)
+        topics = _with_drops(self._tables(records))
         steps.done("plan")
         tables_done = 0
 
@@ -199,6 +209,9 @@ class MirrorBatch(Batch):
         result = TableResult(table_of(row["topic"]), steps)
         topic_records = records.where(F.col("topic") == row["topic"])
         try:
+            if row["value_schema"] is None:  # dropped, and no record of its own in the batch
+                result.applied = self._dropped(commit.spark, result.name, row["dropped_at"])
+                return result
             for keyless, part in _kinds(topic_records, row):
                 table = self._plan(commit.spark, part, row, keyless)
                 if table.error:
@@ -226,6 +239,10 @@ class MirrorBatch(Batch):
         value = F.col("value").cast("string")
         op = F.col("op")
         truncate = F.when(op == "t", F.col("offset"))
+        drop = F.when((F.col("topic") == DROPS_TOPIC) & (op == "c"), F.struct(  # a snapshot read is no drop
+            F.get_json_object(value, "$.payload.after.schema_name").alias("schema"),
+            F.get_json_object(value, "$.payload.after.table_name").alias("table"),
+            F.get_json_object(value, "$.payload.source.sequence").alias("sequence")))
         keyed = F.col("key").isNotNull() & (op != "t") & ~F.col("keyless")
         latest = (records.select("topic", "offset", "key", "value", "headers",
                                  F.get_json_object(value, "$.payload.op").alias("op"),
@@ -241,12 +258,14 @@ class MirrorBatch(Batch):
                       F.max(op == "d").alias("deletes"),
                       F.max(op == "u").alias("updates"),
                       F.max(is_key_change(op, F.col("headers"), "c")).alias("moves"),
-                      F.max(is_key_change(op, F.col("headers"), "d")).alias("moved_away")))
+                      F.max(is_key_change(op, F.col("headers"), "d")).alias("moved_away"),
+                      F.collect_list(drop).alias("drops")))
         return (latest.select(
             "topic", "deletes", "updates", "moves", "moved_away", "keyed_from", "keyless_from",
             F.get_json_object(F.col("last_value").cast("string"), "$.schema").alias("value_schema"),
             F.get_json_object(F.col("last_key").cast("string"), "$.schema").alias("key_schema"),
             F.get_json_object(F.col("last_truncate"), "$.payload.source.sequence").alias("truncate_sequence"),
+            "drops",
         ).orderBy("topic").collect())
 
     def _plan(self, spark: SparkSession, records: DataFrame, row, keyless: bool) -> "TablePlan":
@@ -255,9 +274,11 @@ class MirrorBatch(Batch):
         name = table_of(row["topic"])
         plan = TablePlan(name=name, path=str(mirror_path(self.settings, name)), records=records, keyless=keyless,
                          deletes=bool(row["deletes"]), updates=bool(row["updates"]), moves=bool(row["moves"]),
-                         moved_away=bool(row["moved_away"]), truncated_at=parse_sequence(row["truncate_sequence"]))
+                         moved_away=bool(row["moved_away"]),
+                         truncated_at=max([p for p in (parse_sequence(row["truncate_sequence"]), row["dropped_at"])
+                                           if p is not None], default=None))
         try:
-            plan.columns = table_columns(json.loads(row["value_schema"] or "{}"))
+            plan.columns = table_columns(json.loads(row["value_schema"])) if row["value_schema"] else []
             plan.keys = [] if keyless else key_columns(json.loads(row["key_schema"])) if row["key_schema"] else None
         except (ValueError, KeyError, TypeError) as error:
             plan.error = f"cannot read the table's schema: {error}"
@@ -360,6 +381,18 @@ class MirrorBatch(Batch):
                 commit.append(rows, saved, f"{table.name}:moved")
         return good
 
+    def _dropped(self, spark: SparkSession, name: str, dropped_at: tuple[int, int]) -> int:
+        """A table dropped in the batch without records in it: its mirror's rows older than
+        the drop go (a delete of what is older than a position: its replay removes nothing
+        more). Returns the rows removed."""
+        path = str(mirror_path(self.settings, name))
+        if not DeltaTable.isDeltaTable(spark, path):
+            return 0
+        self.fence.check()
+        truncated_at = self._truncated_at(spark, path, table_properties(spark, path), dropped_at)
+        DeltaTable.forPath(spark, path).delete(f"NOT {newer_than_literal(truncated_at)}")
+        return int(last_commit_info(path).get("operationMetrics", {}).get("numDeletedRows", 0))
+
     def _recorded_keys(self, spark: SparkSession, path: str) -> list[str] | None:
         if not DeltaTable.isDeltaTable(spark, path):
             return None
@@ -430,6 +463,23 @@ class TableResult:
     applied: int | None = None                                 # rows the MERGE affected
     stopped: str | None = None                                 # why the mirror stopped
     dead: list[DeadLetter] = field(default_factory=list)       # records set aside
+
+
+def _with_drops(rows: list) -> list[dict]:
+    """The per-topic plan rows of step 1 without the drops topic's, each with `dropped_at`:
+    the source position of the table's latest drop in the batch (or None). A table dropped
+    without records of its own in the batch gets a row of its own."""
+    dropped: dict[str, tuple[int, int]] = {}
+    for drop in (d for row in rows if row["topic"] == DROPS_TOPIC for d in row["drops"]):
+        topic, position = f"{TOPIC_PREFIX}.{drop['schema']}.{drop['table']}", parse_sequence(drop["sequence"])
+        if drop["schema"] == CAPTURED_SCHEMA and position is not None:
+            dropped[topic] = max(position, dropped.get(topic, position))
+    tables = [{**row.asDict(), "dropped_at": dropped.pop(row["topic"], None)} for row in rows
+              if row["topic"] != DROPS_TOPIC]
+    no_records = dict.fromkeys(("deletes", "updates", "moves", "moved_away", "keyed_from", "keyless_from",
+                                "value_schema", "key_schema", "truncate_sequence"))
+    return sorted(tables + [{**no_records, "topic": topic, "dropped_at": at} for topic, at in dropped.items()],
+                  key=lambda row: row["topic"])
 
 
 def _kinds(records: DataFrame, row) -> list[tuple[bool, DataFrame]]:

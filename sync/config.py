@@ -22,6 +22,7 @@ TOPIC_PREFIX = "lakesync"            # Debezium topic.prefix: topics are PREFIX.
 CAPTURED_SCHEMA = "public"           # every table here gets a mirror
 CONTROL_SCHEMA = "lakesync"          # heartbeat table, also captured (never mirrored)
 HEARTBEAT_TABLE = f"{CONTROL_SCHEMA}.heartbeat"
+TABLE_DROPS_TABLE = f"{CONTROL_SCHEMA}.table_drops"  # captured: a DROP TABLE, at its place in the WAL
 CONNECTOR_NAME = "lakesync-postgres"
 PUBLICATION = "lakesync_pub"
 SLOT = "lakesync_slot"

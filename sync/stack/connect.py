@@ -16,7 +16,7 @@ import urllib.request
 from typing import Any
 
 from sync.config import (CAPTURED_SCHEMA, CONNECTOR_NAME, CONTROL_SCHEMA, HEARTBEAT_TABLE, PUBLICATION, ROLES, ROOT,
-                         SLOT, TOPIC_PREFIX, Settings)
+                         SLOT, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings)
 from sync.errors import ServiceUnavailable, StackError
 from sync.outbox import EVENTS_TOPIC_PREFIX
 from sync.stack import jvm
@@ -55,7 +55,8 @@ def connector_names() -> dict[str, str]:
     """The names the template takes from sync/config.py (one source for each)."""
     return {
         "CONNECTOR_NAME": CONNECTOR_NAME, "TOPIC_PREFIX": TOPIC_PREFIX, "CAPTURED_SCHEMA": CAPTURED_SCHEMA,
-        "CONTROL_SCHEMA": CONTROL_SCHEMA, "HEARTBEAT_TABLE": HEARTBEAT_TABLE, "PUBLICATION": PUBLICATION,
+        "CONTROL_SCHEMA": CONTROL_SCHEMA, "HEARTBEAT_TABLE": HEARTBEAT_TABLE, "TABLE_DROPS_TABLE": TABLE_DROPS_TABLE,
+        "PUBLICATION": PUBLICATION,
         "SLOT": SLOT, "CAPTURE_ROLE": ROLES["capture"],
         "EVENTS_TOPIC_PREFIX": EVENTS_TOPIC_PREFIX,  # sync/outbox.py: the router's topics
     }

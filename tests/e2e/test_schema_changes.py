@@ -122,3 +122,19 @@ def test_pgbench_in_the_captured_schema(db, stack, synced):
         db.execute(f"DROP TABLE {table}")
         shutil.rmtree(mirrors.mirror_path(stack, table), ignore_errors=True)
         shutil.rmtree(mirrors.tombstone_path(stack, table), ignore_errors=True)
+
+
+def test_a_table_dropped_and_created_again_starts_from_no_rows(db, synced):
+    """DROP TABLE then CREATE TABLE under the same name, other columns, some of the same
+    key values: the mirror holds the new table's rows only (migration 0006 records the
+    drop), and a table dropped for good leaves an empty mirror."""
+    db.execute("CREATE TABLE public.recreated (id int PRIMARY KEY, old_col text)")
+    db.execute("CREATE TABLE public.dropped (id int PRIMARY KEY)")
+    db.execute("INSERT INTO public.recreated SELECT g, 'old' FROM generate_series(1, 60) g")
+    db.execute("INSERT INTO public.dropped SELECT generate_series(1, 5)")
+    synced("recreated", "dropped")
+    db.execute("DROP TABLE public.recreated, public.dropped")
+    db.execute("CREATE TABLE public.recreated (id int PRIMARY KEY, new_col int)")
+    db.execute("INSERT INTO public.recreated SELECT g, g FROM generate_series(1, 20) g")
+    reports = synced("recreated", "dropped", "changelog")
+    assert (reports["mirror.recreated"].target_rows, reports["mirror.dropped"].target_rows) == (20, 0)

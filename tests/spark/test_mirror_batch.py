@@ -508,3 +508,39 @@ def test_a_table_without_a_key_is_mirrored_as_a_multiset_in_one_batch_or_split_a
                 assert _multiset(spark, lake) == KEYLESS_EXPECTED, f"cuts {split} (seed {seed})"
         apply(batch(spark, history[start:end], start), batch_id)  # the last batch replayed
         assert _multiset(spark, lake) == KEYLESS_TAIL_EXPECTED, f"cuts {split} (seed {seed})"
+
+
+def _drop(table, commit, lsn, op="c"):
+    """The row migration 0006's trigger writes for a DROP TABLE, as captured."""
+    row = {"id": lsn, "schema_name": config.CAPTURED_SCHEMA, "table_name": table, "dropped_at": 1711848600123456}
+    value = {"schema": {}, "payload": {"before": None, "after": row, "op": op, "source": {
+        "sequence": json.dumps([str(commit), str(lsn)]), "lsn": lsn, "txId": commit, "ts_us": 1711848600123456}}}
+    return json.dumps({"payload": {"id": lsn}}).encode(), json.dumps(value).encode()
+
+
+def test_a_dropped_table_created_again_starts_from_no_rows(spark, settings):
+    """DROP TABLE reaches the mirrors as a row of the drops topic: the mirror loses every row
+    older than it, in the batch of the drop or of records after it, and the table created
+    again under the name (other columns, other key values) is all the mirror holds. A
+    snapshot read of a drop row (op r) is no drop."""
+    renewed = [{"type": "int64", "optional": False, "field": "id"}, {"type": "string", "optional": True, "field": "code"}]
+    old = [event("c", k, 10, 10 + k, f"old {k}", "1.00") for k in (1, 2, 3)]
+    new = [_change(renewed, "c", 1, 30, 31, code="new 1"), _change(renewed, "c", 4, 30, 32, code="new 4")]
+
+    def rows(records, topics, first):
+        return spark.createDataFrame([(k, v, t, 0, first + i, None) for i, ((k, v), t) in
+                                      enumerate(zip(records, topics))], mirrors.RECORDS_DDL)
+    history = [(r, TOPIC) for r in old] + [(_drop("widgets", 20, 21), mirrors.DROPS_TOPIC)] \
+        + [(r, TOPIC) for r in new]
+    for n, cuts in enumerate([[], [3], [4], [3, 4]]):
+        lake = dataclasses.replace(settings, lake=settings.lake.with_name(f"lake{n}"))
+        apply = new_batch(spark, lake)
+        bounds = [0, *cuts, len(history)]
+        for batch_id, (start, end) in enumerate(zip(bounds, bounds[1:])):
+            part = history[start:end]
+            apply(rows([r for r, _ in part], [t for _, t in part], start), batch_id)
+        held = {k: r["code"] for k, r in mirror(spark, lake).items()}
+        assert held == {1: "new 1", 4: "new 4"}, f"cuts {cuts}"
+    snapshot_of_drop = rows([_drop("widgets", 40, 41, op="r")], [mirrors.DROPS_TOPIC], len(history))
+    apply(snapshot_of_drop, len(bounds))
+    assert set(mirror(spark, lake)) == {1, 4}
