@@ -3,7 +3,7 @@
 Input:  the compacted topics lakesync.public.<table> (one streaming query subscribes by
         pattern, so a table created while everything runs is picked up by the next batch),
         and lakesync.lakesync.table_drops: a DROP TABLE, taken as a truncate of that table
-        at the drop's source position (migrations 0006), so a table created again under
+        at the drop's source position (migration 0006), so a table created again under
         the same name starts from no rows.
 Key:    the table's primary key, from the Kafka record key's schema. A table without one
         is kept as a multiset of rows (sync/delta/multiset.py).

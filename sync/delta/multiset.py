@@ -3,7 +3,8 @@
 Such a table's rows have no identity but their values (two equal rows are two copies of
 one value), and its changes carry the whole old row (REPLICA IDENTITY FULL, set by
 migrations/0005). Its records reach Kafka under keys of their own (KeyKeylessRecords,
-jvm/smt), recognised by sync/cdc/decode.py `is_keyless`. A batch of them is applied in three steps:
+jvm/smt), recognised by `is_keyless` (sync/cdc/decode.py). A batch is applied in three
+steps:
 1. Each change becomes signed rows: a create or snapshot read adds its new row, a delete
    removes its old row, an update does both. Changes older than the table's latest
    truncate are dropped.
