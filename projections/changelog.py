@@ -1,6 +1,6 @@
 """The bronze changelog: every change event as received, appended, never changed.
 
-Input:  the same topics as the mirrors (lakesync.public.*, and the drops of captured tables), from offset zero.
+Input:  the same topics as the mirrors (every captured table's, and the drops of captured tables), from offset zero.
 Key:    the Kafka position (topic, partition, offset): one row per record, once.
 Target: <lake>/changelog, an append-only Delta table (`delta.appendOnly=true`): the
         table, op, key, before and after images as JSON text, and the provenance columns.
@@ -28,11 +28,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from projections.mirrors import TOPICS
+from projections.mirrors import TOPICS, table_keys
 from sync.cdc.decode import is_keyless
 from sync.cdc.ordering import position_columns
 from sync.compare import Report, compare
-from sync.config import CAPTURED_SCHEMA, TABLE_DROPS_TABLE, Settings
+from sync.config import TABLE_DROPS_TABLE, CaptureSet, Settings, pg_quoted
 from sync.delta import catalog
 from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
@@ -108,7 +108,7 @@ class Changelog(Projection):
 
     def check(self, settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
         """verify's comparison for the changelog (see Oracle above)."""
-        source, key_columns = _postgres_keys(conn)
+        source, key_columns = _postgres_keys(conn, settings.capture)
         if not DeltaTable.isDeltaTable(spark, target.table):
             return compare(target, source, [], ["table", "key"], ["text", "jsonb"], ["table", "key"])
         # After a resnapshot the log has a gap no one can fill: check from the new snapshot on.
@@ -154,19 +154,15 @@ class Changelog(Projection):
 PROJECTION = Changelog()
 
 
-def _postgres_keys(conn) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
+def _postgres_keys(conn, capture: CaptureSet) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
     """(schema.table, primary key as JSON) of every row of every captured table that has a
     primary key, and each such table's key columns."""
-    tables = conn.execute(
-        "SELECT c.relname, array_agg(a.attname ORDER BY k.ord) "
-        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary "
-        "JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true "
-        "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum "
-        "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') GROUP BY c.relname", (CAPTURED_SCHEMA,)).fetchall()
+    tables = {f"{schema}.{table}": (schema, table, list(columns))
+              for schema, table, columns in table_keys(conn, capture.schemas)
+              if columns and capture.captures(schema, table)}
     keys = []
-    for table, columns in tables:
-        pairs = ", ".join(f"'{c}', \"{c}\"" for c in columns)
-        keys.extend(conn.execute(f'SELECT %s, json_build_object({pairs})::text FROM {CAPTURED_SCHEMA}."{table}"',
-                                 (f"{CAPTURED_SCHEMA}.{table}",)).fetchall())
-    return keys, {f"{CAPTURED_SCHEMA}.{table}": list(columns) for table, columns in tables}
+    for name, (schema, table, columns) in tables.items():
+        pairs = ", ".join("'" + c.replace("'", "''") + f"', {pg_quoted(c)}" for c in columns)
+        query = f"SELECT json_build_object({pairs})::text FROM {pg_quoted(schema)}.{pg_quoted(table)}"
+        keys.extend((name, key) for (key,) in conn.execute(query).fetchall())  # no parameters: sent as it is
+    return keys, {name: columns for name, (_, _, columns) in tables.items()}

@@ -1,20 +1,23 @@
-"""Generic mirrors: every table of the captured schema, as a Delta table, with no code per table.
+"""Generic mirrors: every captured table, as a Delta table, with no code per table.
 
-Input:  the compacted topics lakesync.public.<table> (one streaming query subscribes by
-        pattern, so a table created while everything runs is picked up by the next batch),
+Input:  the compacted topics lakesync.<schema>.<table> of every table the connector
+        captures (LAKESYNC_CAPTURE; one streaming query subscribes by pattern, so a
+        table created or captured while everything runs is picked up by the next batch),
         and lakesync.lakesync.table_drops: a DROP TABLE, taken as a truncate of that table
         at the drop's source position (migration 0006), so a table created again under
         the same name starts from no rows.
 Key:    the table's primary key, from the Kafka record key's schema. A table without one
         is kept as a multiset of rows (sync/delta/multiset.py).
-Target: <lake>/mirrors/<table>, columns of the table plus the provenance columns.
+Target: <lake>/mirrors/<name>, columns of the table plus the provenance columns; the
+        name is the table's for the public schema (mirror.orders), <schema>.<table>
+        for the others (mirror.inventory.orders), so no two schemas collide.
 Apply:  per table in the batch: bring the Delta table to the table's columns
         (sync/delta/schema.py), decode, latest change per key, MERGE if newer, record
         tombstones (sync/delta/merge.py), each write committed idempotently and fenced
         (sync/delta/commit.py). Records that cannot be applied go to the dead letters
         (sync/delta/deadletters.py); an incompatible type change stops that table's
         mirror alone (its records go to the dead letters, `status` names the cause).
-Oracle: SELECT * FROM public.<table> on Postgres.
+Oracle: SELECT * FROM <schema>.<table> on Postgres.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from pyspark.sql.streaming import StreamingQuery
 from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes, is_keyless
 from sync.cdc.ordering import newer_than_literal, parse_sequence
 from sync.cdc.types import ColumnType, columns, key_columns, quoted, table_columns
-from sync.config import CAPTURED_SCHEMA, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings
+from sync.config import (CONTROL_SCHEMA, DEFAULT_SCHEMA, EVENTS_TOPIC_PREFIX, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings,
+                         pg_quoted)
 from sync.delta import catalog, deadletters
 from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
@@ -56,7 +60,12 @@ from sync.streaming.stream import at_or_after, read_topics, run_batches, start_o
 NAME = "mirrors"
 KIND = "mirror"
 DROPS_TOPIC = f"{TOPIC_PREFIX}.{TABLE_DROPS_TABLE}"
-TOPIC_PATTERN = "(?:" + re.escape(f"{TOPIC_PREFIX}.{CAPTURED_SCHEMA}.") + r"[^.]+|" + re.escape(DROPS_TOPIC) + ")"
+# Every table topic the connector writes (prefix.schema.table), whatever the capture set:
+# not the control schema's (heartbeat, drops) nor the outbox events' (prefix.events.type),
+# two schemas LAKESYNC_CAPTURE refuses. A name with a dot has no topic of its own.
+TOPIC_PATTERN = ("(?:" + re.escape(f"{TOPIC_PREFIX}.")
+                 + "(?!" + "|".join(re.escape(f"{s}.") for s in (CONTROL_SCHEMA, EVENTS_TOPIC_PREFIX.split(".")[1])) + ")"
+                 + r"[^.]+\.[^.]+|" + re.escape(DROPS_TOPIC) + ")")
 TOPICS = KafkaTopics(TOPIC_PATTERN, headers=True)  # a key change's delete is marked by a header
 RECORDS_DDL = ("key binary, value binary, topic string, partition int, offset bigint, "
                "headers array<struct<key: string, value: binary>>")  # what the Kafka source hands a batch
@@ -67,8 +76,21 @@ PROVENANCE_DDL = ("`_commit_lsn` bigint, `_lsn` bigint, `_txid` bigint, `_source
                   "`_applied_at` timestamp")
 
 
+def mirror_name(schema: str, table: str) -> str:
+    """A captured table's mirror name (its target is mirror.<name>)."""
+    return table if schema == DEFAULT_SCHEMA else f"{schema}.{table}"
+
+
+def source_table(name: str) -> tuple[str, str]:
+    """(schema, table) of a mirror name: mirror_name's inverse (a public table's name has
+    no dot: such a table has no topic of its own)."""
+    schema, _, table = name.rpartition(".")
+    return (schema or DEFAULT_SCHEMA), table
+
+
 def table_of(topic: str) -> str:
-    return topic.rsplit(".", 1)[-1]
+    """The mirror name of a table topic prefix.schema.table."""
+    return mirror_name(*topic[len(TOPIC_PREFIX) + 1:].split(".", 1))
 
 
 def mirror_path(settings: Settings, table: str) -> Path:
@@ -85,10 +107,12 @@ def moved_path(settings: Settings, table: str) -> Path:
     return catalog.root(settings, NAME) / "moved" / table
 
 
-def target(settings: Settings, table: str) -> Target:
-    return Target(name=f"mirror.{table}", kind=KIND, table=str(mirror_path(settings, table)),
-                  oracle_sql=f'SELECT * FROM {CAPTURED_SCHEMA}."{table}"',
-                  source=f"{CAPTURED_SCHEMA}.{table}")
+def target(settings: Settings, name: str) -> Target:
+    schema, table = source_table(name)
+    return Target(name=f"mirror.{name}", kind=KIND, table=str(mirror_path(settings, name)),
+                  oracle_sql=f"SELECT * FROM {pg_quoted(schema)}.{pg_quoted(table)}",
+                  source=f"{schema}.{table}")
+
 
 
 class Mirrors(Projection):
@@ -105,21 +129,18 @@ class Mirrors(Projection):
         return [target(settings, table) for table in found]
 
     def verify_targets(self, settings: Settings, conn) -> list[Target]:
-        """Every table of the captured schema in Postgres, and every mirror in the lake (a
-        table dropped and not created again: compared with no rows)."""
-        rows = conn.execute(
-            "SELECT c.relname, array_agg(a.attname ORDER BY k.ord) FILTER (WHERE a.attname IS NOT NULL) "
-            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary "
-            "LEFT JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true "
-            "LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum "
-            "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') GROUP BY c.relname", (CAPTURED_SCHEMA,)).fetchall()
-        keys = {table: list(columns or []) for table, columns in rows}
-        names = sorted(set(keys) | {t.name.split(".", 1)[1] for t in self.targets(settings)})
-        # A mirror whose table was dropped must hold no rows: Postgres has none.
-        gone = "SELECT NULL::text AS dropped WHERE false"
-        return [replace(target(settings, table), keys=keys.get(table, []),
-                        **({} if table in keys else {"oracle_sql": gone})) for table in names]
+        """Every captured table in Postgres, and every mirror in the lake whose table is
+        gone (dropped and not created again: compared with no rows). A mirror of a table
+        still in Postgres but no longer captured is not kept, so not compared."""
+        in_lake = {t.name.split(".", 1)[1] for t in self.targets(settings)}
+        schemas = sorted(set(settings.capture.schemas) | {source_table(name)[0] for name in in_lake})
+        existing = {mirror_name(schema, table): (schema, table, list(columns or []))
+                    for schema, table, columns in table_keys(conn, schemas)}
+        keys = {name: columns for name, (schema, table, columns) in existing.items()
+                if settings.capture.captures(schema, table)}
+        gone = "SELECT NULL::text AS dropped WHERE false"  # Postgres has no rows of a dropped table
+        return ([replace(target(settings, name), keys=columns) for name, columns in sorted(keys.items())]
+                + [replace(target(settings, name), oracle_sql=gone) for name in sorted(in_lake - set(existing))])
 
     def lag_of(self, target: Target, lag_by_topic: dict[str, int]) -> int:
         return lag_by_topic.get(f"{TOPIC_PREFIX}.{target.source}", 0)
@@ -133,6 +154,17 @@ class Mirrors(Projection):
 
 
 PROJECTION = Mirrors()
+
+
+def table_keys(conn, schemas: list[str]) -> list[tuple[str, str, list[str] | None]]:
+    """(schema, table, primary key columns or None) of every table of `schemas`."""
+    return conn.execute(
+        "SELECT n.nspname, c.relname, array_agg(a.attname ORDER BY k.ord) FILTER (WHERE a.attname IS NOT NULL) "
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary "
+        "LEFT JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true "
+        "LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum "
+        "WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') GROUP BY n.nspname, c.relname", (schemas,)).fetchall()
 
 
 class MirrorBatch(Batch):
@@ -472,7 +504,7 @@ def _with_drops(rows: list) -> list[dict]:
     dropped: dict[str, tuple[int, int]] = {}
     for drop in (d for row in rows if row["topic"] == DROPS_TOPIC for d in row["drops"]):
         topic, position = f"{TOPIC_PREFIX}.{drop['schema']}.{drop['table']}", parse_sequence(drop["sequence"])
-        if drop["schema"] == CAPTURED_SCHEMA and position is not None:
+        if position is not None:  # any table of a published schema (migration 0007); no mirror, nothing to do
             dropped[topic] = max(position, dropped.get(topic, position))
     tables = [{**row.asDict(), "dropped_at": dropped.pop(row["topic"], None)} for row in rows
               if row["topic"] != DROPS_TOPIC]

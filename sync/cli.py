@@ -60,7 +60,7 @@ def cmd_run(settings, args) -> int:
 def cmd_wait(settings, args) -> int:
     from sync.commands import freshness, projection_named
 
-    names = {projection_named(name, "wait for").name for name in args.names} or None
+    names = {projection_named(settings, name, "wait for").name for name in args.names} or None
     took = freshness.wait(settings, timeout=args.timeout, names=names)
     which = f"{', '.join(sorted(names))} reflect{'s' * (len(names) == 1)}" if names else "every projection reflects"
     print(f"fresh: {which} Postgres as of the call ({took:.1f}s)")

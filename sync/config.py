@@ -9,6 +9,7 @@ a port is one variable.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -19,8 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Names shared by the connector config, the migrations and the projections.
 TOPIC_PREFIX = "lakesync"            # Debezium topic.prefix: topics are PREFIX.SCHEMA.TABLE
-CAPTURED_SCHEMA = "public"           # every table here gets a mirror
+DEFAULT_SCHEMA = "public"            # its tables' mirrors are named by the table alone (mirror.orders)
 CONTROL_SCHEMA = "lakesync"          # heartbeat table, also captured (never mirrored)
+PROJECTIONS = ("mirrors", "changelog", "ledger", "views", "event_time")  # all of them, the runner's order
+EVENTS_TOPIC_PREFIX = f"{TOPIC_PREFIX}.events."  # the outbox router's topics (sync/outbox.py), then the type
 HEARTBEAT_TABLE = f"{CONTROL_SCHEMA}.heartbeat"
 TABLE_DROPS_TABLE = f"{CONTROL_SCHEMA}.table_drops"  # captured: a DROP TABLE, at its place in the WAL
 CONNECTOR_NAME = "lakesync-postgres"
@@ -32,6 +35,56 @@ ROLES = {  # role -> what it may do; created by migrations/versions/0001
     "auditor": "lakesync_auditor",    # read-only
 }
 ADMIN_ROLE = "lakesync_admin"        # owner/superuser of the embedded database
+
+
+@dataclass(frozen=True)
+class CaptureSet:
+    """The tables Lakesync captures, as the user names them in LAKESYNC_CAPTURE: entries
+    separated by commas, each a schema (all its tables, those created later too) or
+    `schema.PATTERN` (the tables of that schema whose whole name matches the regular
+    expression PATTERN, as Debezium's table.include.list matches them). `lakesync up`
+    renders it into the publication (the entries' schemas), the grants and the
+    connector's include list; the mirrors follow every topic the connector writes."""
+
+    entries: tuple[tuple[str, str], ...]   # (schema, table pattern); ".*" for a whole schema
+
+    @property
+    def schemas(self) -> list[str]:
+        return sorted({schema for schema, _ in self.entries})
+
+    def include_list(self) -> list[str]:
+        """Debezium's table.include.list entries (regular expressions over schema.table)."""
+        return [f"{re.escape(schema)}\\.{pattern}" for schema, pattern in self.entries]
+
+    def captures(self, schema: str, table: str) -> bool:
+        return any(schema == s and re.fullmatch(p, table) for s, p in self.entries)
+
+    def __str__(self) -> str:
+        return ",".join(schema if pattern == ".*" else f"{schema}.{pattern}" for schema, pattern in self.entries)
+
+
+def parse_capture(text: str) -> CaptureSet:
+    """LAKESYNC_CAPTURE -> CaptureSet; a one-line LakesyncError for what cannot be captured."""
+    entries = []
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        schema, _, pattern = entry.partition(".")
+        if not schema:
+            raise LakesyncError(f"LAKESYNC_CAPTURE: {entry!r} names no schema (write schema or schema.TABLE_PATTERN)")
+        if schema in (CONTROL_SCHEMA, EVENTS_TOPIC_PREFIX.split(".")[1]):
+            # Their topics would be Lakesync's own: the heartbeat's, or the outbox events'.
+            raise LakesyncError(f"LAKESYNC_CAPTURE: schema {schema!r} cannot be captured: "
+                                f"topics {TOPIC_PREFIX}.{schema}.* are Lakesync's own")
+        try:
+            re.compile(pattern or ".*")
+        except re.error as error:
+            raise LakesyncError(f"LAKESYNC_CAPTURE: {entry!r}: the table pattern is not a regular expression "
+                                f"({error})") from None
+        entries.append((schema, pattern or ".*"))
+    if not entries:
+        raise LakesyncError("LAKESYNC_CAPTURE names no table: give schemas or schema.TABLE_PATTERN entries")
+    return CaptureSet(tuple(dict.fromkeys(entries)))
 
 
 def _env(name: str, default: str) -> str:
@@ -86,6 +139,14 @@ class Settings:
     # (projection, directory) pairs overriding the catalog (sync/delta/catalog.py): a rebuild
     # writes the projection it builds there. Empty for every other command.
     roots: tuple[tuple[str, str], ...] = ()
+    # What is captured (LAKESYNC_CAPTURE, default: every table of the public schema).
+    capture: CaptureSet = CaptureSet(((DEFAULT_SCHEMA, ".*"),))
+    # The application's outbox (LAKESYNC_OUTBOX, schema.table): the router turns its rows into events.
+    outbox_table: str = f"{DEFAULT_SCHEMA}.outbox"
+    # The projections that run (LAKESYNC_PROJECTIONS; sync/commands checks the names). The
+    # ledger, the views and event time are the demo's (its tables and outbox events); on a
+    # team's own database, mirrors and changelog.
+    projections: tuple[str, ...] = PROJECTIONS
     secrets_file: Path = field(init=False)
     pgpass_file: Path = field(init=False)
 
@@ -175,6 +236,10 @@ def load() -> Settings:
         watermark_delay_seconds=_seconds("LAKESYNC_WATERMARK_DELAY_SECONDS", "600"),
         allowed_lateness_seconds=_seconds("LAKESYNC_ALLOWED_LATENESS_SECONDS", "3600"),
         spark_driver_memory=_env("LAKESYNC_SPARK_DRIVER_MEMORY", "3g"),
+        capture=parse_capture(_env("LAKESYNC_CAPTURE", DEFAULT_SCHEMA)),
+        outbox_table=_env("LAKESYNC_OUTBOX", f"{DEFAULT_SCHEMA}.outbox"),
+        projections=tuple(name.strip() for name in _env("LAKESYNC_PROJECTIONS", ",".join(PROJECTIONS)).split(",")
+                          if name.strip()),
     )
     # Passwords never sit in a DSN: libpq reads them from this file (user-set wins).
     os.environ.setdefault("PGPASSFILE", str(settings.pgpass_file))
@@ -195,6 +260,11 @@ def role_dsn(settings: Settings, role: str) -> str:
     parts = urlsplit(settings.pg_dsn)
     host = parts.netloc.split("@", 1)[-1]
     return parts._replace(netloc=f"{role}@{host}").geturl()
+
+
+def pg_quoted(name: str) -> str:
+    """A name as a Postgres identifier: in double quotes, a double quote in it doubled."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def sqlalchemy_url(dsn: str) -> str:

@@ -15,6 +15,12 @@ Steps of `emit`, all inside the caller's transaction:
   3. Delete the row again. The WAL already holds the insert, which is all Debezium
      needs (the router ignores deletes), and the table stays empty.
 
+The outbox is the application's, in its own schema: `ddl(schema)` gives the statements
+that create it (the tables and their guards), for the application's own migrations (an
+Alembic revision: docs/outbox-and-ledger.md) after Lakesync's. The schema must be in the
+capture set, and the outbox table named by LAKESYNC_OUTBOX (the router reads that one).
+`emit` writes `outbox` and `outbox_sequence` as the session's search_path finds them.
+
 This module imports neither Spark nor Delta: applications import it on its own.
 """
 
@@ -30,9 +36,44 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from sync.config import TOPIC_PREFIX
+from sync.config import EVENTS_TOPIC_PREFIX, pg_quoted  # the router's topics: the prefix, then the type
 
-EVENTS_TOPIC_PREFIX = f"{TOPIC_PREFIX}.events."  # the router's route.topic.replacement, before the type
+
+def ddl(schema: str) -> list[str]:
+    """The outbox in `schema`, idempotent: the outbox table; the per-aggregate sequence
+    `emit` takes its numbers from (the outbox rows are deleted as soon as written, so
+    the numbers cannot come from them); and the guards refusing UPDATE and TRUNCATE of
+    outbox rows, where the application sees the error (the router would drop an update
+    with only a warning, and a truncate would stop the connector)."""
+    name = pg_quoted(schema)
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {name}.outbox (
+            id              uuid PRIMARY KEY,
+            aggregate_type  text NOT NULL,
+            aggregate_id    text NOT NULL,
+            seq             bigint NOT NULL,
+            event_type      text NOT NULL,
+            payload         jsonb NOT NULL,
+            occurred_at     timestamptz NOT NULL DEFAULT now(),
+            UNIQUE (aggregate_type, aggregate_id, seq))""",
+        f"""CREATE TABLE IF NOT EXISTS {name}.outbox_sequence (
+            aggregate_type  text NOT NULL,
+            aggregate_id    text NOT NULL,
+            last_seq        bigint NOT NULL,
+            PRIMARY KEY (aggregate_type, aggregate_id))""",
+        f"""CREATE OR REPLACE FUNCTION {name}.refuse_outbox_change() RETURNS trigger
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                RAISE EXCEPTION 'lakesync: % on the outbox is refused: outbox rows are events, '
+                                'written once by sync.outbox.emit and never changed', TG_OP
+                    USING ERRCODE = 'insufficient_privilege';
+            END $$""",
+        f"""CREATE OR REPLACE TRIGGER outbox_no_update BEFORE UPDATE ON {name}.outbox
+            FOR EACH ROW EXECUTE FUNCTION {name}.refuse_outbox_change()""",
+        f"""CREATE OR REPLACE TRIGGER outbox_no_truncate BEFORE TRUNCATE ON {name}.outbox
+            FOR EACH STATEMENT EXECUTE FUNCTION {name}.refuse_outbox_change()""",
+    ]
+
 
 _NEXT_SEQ = text(
     "INSERT INTO outbox_sequence (aggregate_type, aggregate_id, last_seq) VALUES (:type, :id, 1) "

@@ -20,14 +20,14 @@ Revision ID: 0002
 
 from alembic import op
 
-from sync.config import CAPTURED_SCHEMA, CONTROL_SCHEMA
+from sync.config import DEFAULT_SCHEMA, CONTROL_SCHEMA
 
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
 
-MESSAGE = ("lakesync: table %s has no primary key. Every table of schema " + CAPTURED_SCHEMA +
+MESSAGE = ("lakesync: table %s has no primary key. Every table of schema " + DEFAULT_SCHEMA +
            " is captured and mirrored by its key; add a PRIMARY KEY, or keep the table in another schema.")
 
 
@@ -40,7 +40,7 @@ def upgrade() -> None:
         BEGIN
             FOR created IN
                 SELECT objid, object_identity FROM pg_event_trigger_ddl_commands()
-                WHERE object_type = 'table' AND schema_name = '{CAPTURED_SCHEMA}'
+                WHERE object_type = 'table' AND schema_name = '{DEFAULT_SCHEMA}'
             LOOP
                 IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = created.objid AND indisprimary)
                    AND NOT (SELECT relispartition FROM pg_class WHERE oid = created.objid) THEN

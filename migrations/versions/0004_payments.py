@@ -1,15 +1,10 @@
-"""Payments: the second stream of the event-time join (projections/event_time/).
+"""Payments: the demo's, so no longer created here (sync/demo/schema.py).
 
-One row per payment of an order, with when it was paid (its event time). A table rather
-than outbox events, so the join of orders with their payments has Postgres as its
-oracle (projections/event_time/, ORDER_PAYMENTS_SQL). The publication covers the
-schema and the grants come from 0001's default privileges, so capture needs nothing
-more; the primary key satisfies 0002's rule.
+Until 2026-11-25 this revision created the demo's `payments` table in the public schema;
+a database migrated then keeps it. The revision stays so the chain of revisions does.
 
 Revision ID: 0004
 """
-
-from alembic import op
 
 revision = "0004"
 down_revision = "0003"
@@ -18,14 +13,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.execute("""
-        CREATE TABLE payments (
-            id        bigint PRIMARY KEY,
-            order_id  bigint NOT NULL REFERENCES orders(id) ON DELETE CASCADE,
-            amount    numeric(12,2) NOT NULL,
-            paid_at   timestamptz NOT NULL DEFAULT now()
-        )""")
+    pass
 
 
 def downgrade() -> None:
-    op.execute("DROP TABLE IF EXISTS payments")
+    pass

@@ -20,7 +20,7 @@ Revision ID: 0005
 
 from alembic import op
 
-from sync.config import CAPTURED_SCHEMA, CONTROL_SCHEMA
+from sync.config import DEFAULT_SCHEMA, CONTROL_SCHEMA
 
 revision = "0005"
 down_revision = "0004"
@@ -29,7 +29,7 @@ depends_on = None
 
 KEYLESS = f"""
     SELECT c.oid::regclass AS keyless FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-    WHERE n.nspname = '{CAPTURED_SCHEMA}' AND c.relkind = 'r' AND c.relreplident = 'd'
+    WHERE n.nspname = '{DEFAULT_SCHEMA}' AND c.relkind = 'r' AND c.relreplident = 'd'
       AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)"""
 
 

@@ -14,7 +14,7 @@ Revision ID: 0006
 
 from alembic import op
 
-from sync.config import CAPTURED_SCHEMA, CONTROL_SCHEMA, ROLES, TABLE_DROPS_TABLE
+from sync.config import DEFAULT_SCHEMA, CONTROL_SCHEMA, ROLES, TABLE_DROPS_TABLE
 
 revision = "0006"
 down_revision = "0005"
@@ -37,7 +37,7 @@ def upgrade() -> None:
         BEGIN
             INSERT INTO {TABLE_DROPS_TABLE} (schema_name, table_name)
             SELECT schema_name, object_name FROM pg_event_trigger_dropped_objects()
-            WHERE object_type = 'table' AND schema_name = '{CAPTURED_SCHEMA}' AND NOT is_temporary;
+            WHERE object_type = 'table' AND schema_name = '{DEFAULT_SCHEMA}' AND NOT is_temporary;
         END $$""")
     op.execute(f"""
         CREATE EVENT TRIGGER lakesync_record_table_drops ON sql_drop

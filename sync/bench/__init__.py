@@ -113,8 +113,9 @@ def _seed(settings: Settings) -> None:
 
     from sync import config, demo
     from sync.config import ROLES
-    from sync.demo import bank
+    from sync.demo import bank, schema
 
+    schema.create(settings)
     rng = random.Random(7)
     with demo.app_connect(settings) as conn:
         conn.autocommit = True
@@ -277,7 +278,7 @@ def _catch_up(settings: Settings, backlog: dict, say) -> dict:
     started = time.monotonic()
     _runner(settings, start=True)
     running = time.monotonic()
-    projections = all_projections()
+    projections = all_projections(settings)
     fed_by_kafka = [p for p in projections if isinstance(p.source(settings), KafkaTopics)]
     goals = {p.name: offsets.input_ends(settings, p) for p in fed_by_kafka}
     done_at: dict[str, float] = {}

@@ -64,7 +64,7 @@ def connector_lsn(settings: Settings) -> int:
 
 def lags(settings: Settings) -> list[Lag]:
     result = []
-    for projection in all_projections():
+    for projection in all_projections(settings):
         end, done = input_ends(settings, projection), processed(settings, projection)
         behind = sum(max(0, high - done.get(tp, 0)) for tp, high in end.items())
         result.append(Lag(projection.name, behind, end, done))
@@ -101,7 +101,7 @@ def drain(settings: Settings, started: float, deadline: float, names: set[str] |
     Delta-fed one among them reads) has read what its inputs hold now. The barrier calls
     it after capture, `rebuild --verify` while capture is paused. Raises NotFresh."""
     timeout = deadline - started
-    chosen = all_projections()
+    chosen = all_projections(settings)
     # Which are Delta-fed, decided once: a source names catalog paths (a file read each).
     fed_by_delta = {p.name for p in chosen if not isinstance(p.source(settings), KafkaTopics)}
     if names is not None and not fed_by_delta & names:

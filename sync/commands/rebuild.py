@@ -73,9 +73,9 @@ class Comparison:
     sample: list = field(default_factory=list)   # keys that differ
 
 
-def projection_of(name: str) -> Projection:
+def projection_of(settings: Settings, name: str) -> Projection:
     """The projection a rebuild of NAME builds (`projection_named`); never the changelog."""
-    found = projection_named(name, "rebuild")
+    found = projection_named(settings, name, "rebuild")
     if found is changelog.PROJECTION:
         raise LakesyncError("the changelog is the bronze record: Kafka compaction has removed older "
                             "versions it keeps, so it is never rebuilt from Kafka")
@@ -85,8 +85,8 @@ def projection_of(name: str) -> Projection:
 def rebuild(settings: Settings, names: list[str], verify: bool, swap: bool, say=print) -> list[Comparison]:
     """Rebuild the projections `names` name, side by side in one Spark session (one pause
     of capture for all of them when verifying, one runner restart when swapping)."""
-    wanted = {projection_of(name) for name in names}
-    projections = [p for p in all_projections() if p in wanted]  # the runner's order: views last
+    wanted = {projection_of(settings, name) for name in names}
+    projections = [p for p in all_projections(settings) if p in wanted]  # the runner's order: views last
     if swap and ledger.PROJECTION in projections:
         raise LakesyncError("the ledger is never replaced: auditors' digests name versions of this table. "
                             "`--verify` proves a rebuild equals it")

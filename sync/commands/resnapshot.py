@@ -52,7 +52,7 @@ def resnapshot(settings: Settings, say=print) -> None:
     rest(settings, "DELETE", f"/connectors/{CONNECTOR_NAME}/offsets")
     rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/resume")
     say("  connector            offsets reset, snapshotting")
-    for projection in all_projections():
+    for projection in all_projections(settings):
         if projection.name in KEPT:
             continue
         catalog.clear(settings, projection)

@@ -34,7 +34,7 @@ def run(settings: Settings, once: bool = False) -> None:
         raise RunnerFailed(f"a runner is already running (pid {read_pid(settings.runner_pidfile)}); "
                            "two runners of the same projections must not both commit")
     reap_orphaned_jvm(settings)
-    projections = all_projections()
+    projections = all_projections(settings)
     sampler = metrics.serve(settings, projections)  # first: a port in use stops us before Spark starts
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

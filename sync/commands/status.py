@@ -32,7 +32,7 @@ def collect(settings: Settings) -> dict[str, Any]:
     try:
         with pg_connect(settings) as conn:
             slot = capture.slot_state(conn)
-            targets = {p.name: p.verify_targets(settings, conn) for p in all_projections()}
+            targets = {p.name: p.verify_targets(settings, conn) for p in all_projections(settings)}
         # WAL the slot makes Postgres keep (restart_lsn); what is not yet confirmed is lag_bytes.
         slot_lag = slot.get("retained_bytes")
         components["postgres"] = {"ok": True, "dsn": safe_dsn(settings.pg_dsn)}
@@ -68,7 +68,7 @@ def collect(settings: Settings) -> dict[str, Any]:
                 per_topic[topic] = per_topic.get(topic, 0) + max(0, high - lag.processed.get((topic, partition), 0))
 
     projections = []
-    for projection in all_projections():
+    for projection in all_projections(settings):
         state = progress.read(settings, projection.name)
         for target in targets[projection.name] if targets else projection.targets(settings):
             table_state = state.get("tables", {}).get(target.state_key, {})

@@ -28,7 +28,7 @@ def verify(settings: Settings, spark=None, only: set[str] | None = None) -> list
         # JSON as its text: psycopg would turn both SQL NULL and JSON null into None.
         conn.adapters.register_loader("json", TextLoader)
         conn.adapters.register_loader("jsonb", TextLoader)
-        for projection in all_projections():
+        for projection in all_projections(settings):
             for target in projection.verify_targets(settings, conn):
                 if only is not None and target.name not in only:
                     continue

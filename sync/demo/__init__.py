@@ -1,8 +1,8 @@
 """`lakesync demo`: the whole path on the embedded stack, in a few minutes.
 
-up -> seed the demo schema -> start the runner -> a mixed insert/update/delete workload
-(multi-table transactions included) while bank clients move money concurrently through
-the outbox -> `wait` -> a table of Postgres vs Delta row counts per table, the verify
+up -> the demo's tables (sync/demo/schema.py) and seed -> start the runner -> a mixed
+insert/update/delete workload (multi-table transactions included) while bank clients
+move money concurrently through the outbox -> `wait` -> a table of Postgres vs Delta row counts per table, the verify
 result, a few ledger lines and `ledger verify`. The stack and the runner stay up.
 """
 
@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from sync import config, stack
 from sync.config import ROLES, Settings
-from sync.demo import bank
+from sync.demo import bank, schema
 from sync.stack.background import start_background
 
 TIERS = ["bronze", "silver", "gold", "platinum"]
@@ -189,6 +189,7 @@ def main(settings: Settings) -> int:
 
     print(f"1/6 starting the embedded stack in {settings.home}")
     stack.up(settings)
+    schema.create(settings)  # the demo's tables: the demo is an application like any other
     rng = random.Random(42)
     print("2/6 seeding the demo schema and opening the bank's accounts")
     with app_connect(settings) as conn:

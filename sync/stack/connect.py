@@ -15,10 +15,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from sync.config import (CAPTURED_SCHEMA, CONNECTOR_NAME, CONTROL_SCHEMA, HEARTBEAT_TABLE, PUBLICATION, ROLES, ROOT,
-                         SLOT, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings)
+from sync.config import (CONNECTOR_NAME, CONTROL_SCHEMA, EVENTS_TOPIC_PREFIX, HEARTBEAT_TABLE, PUBLICATION, ROLES,
+                         ROOT, SLOT, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings)
 from sync.errors import ServiceUnavailable, StackError
-from sync.outbox import EVENTS_TOPIC_PREFIX
 from sync.stack import jvm
 from sync.stack.process import require_free, wait_until
 
@@ -54,11 +53,11 @@ PLACEHOLDER = re.compile(r"\$\{lakesync:(\w+)(\|regex)?\}")
 def connector_names() -> dict[str, str]:
     """The names the template takes from sync/config.py (one source for each)."""
     return {
-        "CONNECTOR_NAME": CONNECTOR_NAME, "TOPIC_PREFIX": TOPIC_PREFIX, "CAPTURED_SCHEMA": CAPTURED_SCHEMA,
+        "CONNECTOR_NAME": CONNECTOR_NAME, "TOPIC_PREFIX": TOPIC_PREFIX,
         "CONTROL_SCHEMA": CONTROL_SCHEMA, "HEARTBEAT_TABLE": HEARTBEAT_TABLE, "TABLE_DROPS_TABLE": TABLE_DROPS_TABLE,
         "PUBLICATION": PUBLICATION,
         "SLOT": SLOT, "CAPTURE_ROLE": ROLES["capture"],
-        "EVENTS_TOPIC_PREFIX": EVENTS_TOPIC_PREFIX,  # sync/outbox.py: the router's topics
+        "EVENTS_TOPIC_PREFIX": EVENTS_TOPIC_PREFIX,  # the outbox router's topics
     }
 
 
@@ -68,7 +67,10 @@ def render_connector(settings: Settings) -> tuple[str, dict[str, str]]:
     values = {**connector_names(),
               # Addresses as the Connect worker sees them (another host/path in a container).
               "pg_host": settings.connect_pg_host, "pg_port": str(settings.connect_pg_port),
-              "pg_database": settings.pg_database, "secrets_file": str(settings.connect_secrets_file)}
+              "pg_database": settings.pg_database, "secrets_file": str(settings.connect_secrets_file),
+              # LAKESYNC_CAPTURE as Debezium's patterns (already regular expressions).
+              "capture_include_list": ",".join(settings.capture.include_list()),
+              "outbox_table": settings.outbox_table}
 
     def fill(match: re.Match) -> str:
         name, regex = match.groups()

@@ -1,12 +1,14 @@
-"""Apply the Alembic migrations in migrations/ to the source database."""
+"""Apply the Alembic migrations in migrations/ to the source database, then the capture set."""
 
 from __future__ import annotations
 
 from alembic import command
 from alembic.config import Config
+from psycopg import sql
 
-from sync.config import ROOT, Settings, sqlalchemy_url
+from sync.config import ADMIN_ROLE, CONTROL_SCHEMA, PUBLICATION, ROLES, ROOT, Settings, sqlalchemy_url
 from sync.errors import StackError
+from sync.stack.postgres import pg_connect
 
 
 def upgrade(settings: Settings) -> None:
@@ -17,3 +19,48 @@ def upgrade(settings: Settings) -> None:
         command.upgrade(config, "head")
     except RuntimeError as refused:  # a migration's own check, worded for the user
         raise StackError(f"migrations refused: {refused}") from None
+    publish(settings)
+
+
+def publish(settings: Settings) -> None:
+    """The capture set (LAKESYNC_CAPTURE) into the database, in one transaction, on every
+    `up` (idempotent; the connector's include list is rendered from the same setting):
+      1. every schema it names exists (Lakesync creates nothing in the application's
+         schemas: one line naming what is missing, and nothing changed);
+      2. their tables without a primary key get REPLICA IDENTITY FULL, before the
+         publication covers them: Postgres refuses UPDATE and DELETE of a published
+         table without a replica identity (migration 0007's trigger does the same for
+         tables created later);
+      3. the publication carries exactly those schemas and the control schema, so
+         tables created in them later are published too;
+      4. the capture and auditor roles may read their tables, those created later by
+         the schema's owner or the admin role too (Debezium's snapshots read them;
+         streaming needs only the publication).
+    """
+    schemas = settings.capture.schemas
+    readers = sql.SQL(", ").join(sql.Identifier(ROLES[kind]) for kind in ("capture", "auditor"))
+    with pg_connect(settings) as conn, conn.transaction():
+        owners = dict(conn.execute("SELECT nspname, pg_get_userbyid(nspowner) FROM pg_namespace "
+                                   "WHERE nspname = ANY(%s)", (schemas,)).fetchall())
+        missing = [schema for schema in schemas if schema not in owners]
+        if missing:
+            raise StackError(f"LAKESYNC_CAPTURE names schema {', '.join(missing)}, which database "
+                             f"{settings.pg_database} does not have: create it first, or leave it out")
+        keyless = conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = ANY(%s) AND c.relkind = 'r' AND c.relreplident = 'd' "
+            "AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)",
+            (schemas,)).fetchall()
+        for schema, table in keyless:
+            conn.execute(sql.SQL("ALTER TABLE {}.{} REPLICA IDENTITY FULL").format(
+                sql.Identifier(schema), sql.Identifier(table)))
+        conn.execute(sql.SQL("ALTER PUBLICATION {} SET TABLES IN SCHEMA {}").format(
+            sql.Identifier(PUBLICATION), sql.SQL(", ").join(map(sql.Identifier, [*schemas, CONTROL_SCHEMA]))))
+        for schema in schemas:
+            name = sql.Identifier(schema)
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(name, readers))
+            conn.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(name, readers))
+            # (Postgres 15 gives the public schema to pg_database_owner, which owns no table.)
+            for owner in sorted({owners[schema], ADMIN_ROLE} - {"pg_database_owner"}):
+                conn.execute(sql.SQL("ALTER DEFAULT PRIVILEGES FOR ROLE {} IN SCHEMA {} GRANT SELECT ON TABLES TO {}")
+                             .format(sql.Identifier(owner), name, readers))

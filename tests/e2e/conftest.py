@@ -16,6 +16,7 @@ import pytest
 
 from sync import config
 from sync.commands.verify import verify
+from sync.demo import schema as demo_schema
 from sync.stack.background import start_background
 from sync.stack.process import read_pid, wait_until
 
@@ -36,6 +37,7 @@ def stack():
     lakesync("down")
     shutil.rmtree(settings.home, ignore_errors=True)
     lakesync("up", check=True)
+    demo_schema.create(settings)  # the tests' application is the demo's
     start_background(settings)
     yield settings
     lakesync("down", check=True)

@@ -138,3 +138,4 @@ def test_a_table_dropped_and_created_again_starts_from_no_rows(db, synced):
     db.execute("INSERT INTO public.recreated SELECT g, g FROM generate_series(1, 20) g")
     reports = synced("recreated", "dropped", "changelog")
     assert (reports["mirror.recreated"].target_rows, reports["mirror.dropped"].target_rows) == (20, 0)
+

@@ -512,7 +512,7 @@ def test_a_table_without_a_key_is_mirrored_as_a_multiset_in_one_batch_or_split_a
 
 def _drop(table, commit, lsn, op="c"):
     """The row migration 0006's trigger writes for a DROP TABLE, as captured."""
-    row = {"id": lsn, "schema_name": config.CAPTURED_SCHEMA, "table_name": table, "dropped_at": 1711848600123456}
+    row = {"id": lsn, "schema_name": config.DEFAULT_SCHEMA, "table_name": table, "dropped_at": 1711848600123456}
     value = {"schema": {}, "payload": {"before": None, "after": row, "op": op, "source": {
         "sequence": json.dumps([str(commit), str(lsn)]), "lsn": lsn, "txId": commit, "ts_us": 1711848600123456}}}
     return json.dumps({"payload": {"id": lsn}}).encode(), json.dumps(value).encode()

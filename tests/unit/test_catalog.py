@@ -7,7 +7,7 @@ import pytest
 from projections import mirrors
 from projections.views import projection as views
 from sync import config
-from sync.commands import projection_named
+from sync.commands import all_projections, projection_named
 from sync.commands.rebuild import projection_of
 from sync.delta import catalog
 from sync.errors import LakesyncError
@@ -63,19 +63,35 @@ def test_swap_repoints_every_reader_and_retire_removes_only_that_projections_par
                                              ("event_time", "event_time"), ("window.account_hourly", "event_time"),
                                              ("join.order_payments", "event_time"), ("late.event_time", "event_time"),
                                              ("event_time.inputs", "event_time")])
-def test_rebuild_takes_a_projection_or_one_of_its_targets(name, projection):
-    assert projection_of(name).name == projection
+def test_rebuild_takes_a_projection_or_one_of_its_targets(settings, name, projection):
+    assert projection_of(settings, name).name == projection
 
 
-def test_wait_takes_any_projection_the_changelog_too():
-    assert projection_named("changelog", "wait for").name == "changelog"
-    assert projection_named("mirror.Note Text", "wait for").name == "mirrors"
+def test_wait_takes_any_projection_the_changelog_too(settings):
+    assert projection_named(settings, "changelog", "wait for").name == "changelog"
+    assert projection_named(settings, "mirror.Note Text", "wait for").name == "mirrors"
+
+
+def test_lakesync_projections_names_what_runs(settings, monkeypatch):
+    """On a team's own database the demo's projections (ledger, views, event time) stay off."""
+    monkeypatch.setenv("LAKESYNC_PROJECTIONS", "mirrors, changelog")
+    own = config.load()
+    assert [p.name for p in all_projections(own)] == ["mirrors", "changelog"]
+    assert projection_named(own, "mirror.orders", "wait for") is mirrors.PROJECTION
+    with pytest.raises(LakesyncError, match="no projection or target named 'history.customers'"):
+        projection_named(own, "history.customers", "wait for")
+    assert [p.name for p in all_projections(settings)] == list(config.PROJECTIONS)
+    for names, message in [("mirrors,views", "views reads changelog, ledger: name them too"),
+                           ("mirrors,ledgers", "no projection named ledgers; known: mirrors, changelog")]:
+        monkeypatch.setenv("LAKESYNC_PROJECTIONS", names)
+        with pytest.raises(LakesyncError, match=message):
+            all_projections(config.load())
 
 
 @pytest.mark.parametrize("name,message", [("changelog", "bronze record"), ("orders", "no projection or target")])
-def test_rebuild_refuses_the_changelog_and_unknown_names(name, message):
+def test_rebuild_refuses_the_changelog_and_unknown_names(settings, name, message):
     with pytest.raises(LakesyncError, match=message):
-        projection_of(name)
+        projection_of(settings, name)
 
 
 def test_the_progress_line_counts_what_this_run_read_towards_its_goal():
@@ -87,3 +103,30 @@ def test_the_progress_line_counts_what_this_run_read_towards_its_goal():
     assert line.startswith("mirrors 750/1,000 offsets (75 %) ") and "ETA" in line
     summary = progress.summary({("t", 0): 600, ("t", 1): 400})
     assert summary.startswith("  mirrors: 900 offsets read in ") and summary.endswith("at 1,000 of 1,000")
+
+
+def test_mirror_names_never_collide_across_schemas(settings):
+    """A public table's mirror keeps the table's name (mirror.orders), another schema's is
+    schema.table, so inventory.orders and orders are two mirrors in two folders."""
+    assert mirrors.table_of("lakesync.public.orders") == "orders"
+    assert mirrors.table_of("lakesync.inventory.orders") == "inventory.orders"
+    assert mirrors.source_table("orders") == ("public", "orders")
+    assert mirrors.source_table("inventory.orders") == ("inventory", "orders")
+    target = mirrors.target(settings, "inventory.orders")
+    assert (target.name, target.source) == ("mirror.inventory.orders", "inventory.orders")
+    assert target.oracle_sql == 'SELECT * FROM "inventory"."orders"'
+    assert mirrors.mirror_path(settings, "inventory.orders") != mirrors.mirror_path(settings, "orders")
+    assert mirrors.target(settings, 'it"s').oracle_sql == 'SELECT * FROM "public"."it""s"'
+    assert projection_named(settings, "mirror.inventory.orders", "wait") is mirrors.PROJECTION
+
+
+def test_the_mirrors_follow_every_captured_table_topic_and_no_other():
+    import re
+
+    pattern = re.compile(mirrors.TOPIC_PATTERN)  # Kafka matches a subscription pattern whole
+    for topic in ("lakesync.public.orders", "lakesync.inventory.orders", "lakesync.billing.invoice_lines",
+                  mirrors.DROPS_TOPIC):
+        assert pattern.fullmatch(topic), topic
+    for topic in ("lakesync.lakesync.heartbeat", "lakesync.events.account", "lakesync.public.a.b",
+                  "lakesync.transaction", "__debezium-heartbeat.lakesync", "other.public.orders"):
+        assert not pattern.fullmatch(topic), topic

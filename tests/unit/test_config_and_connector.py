@@ -4,6 +4,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from sync import config, outbox
 from sync.stack import connect
 from sync.stack.connect import render_connector
@@ -52,17 +54,18 @@ def test_connector_names_come_from_sync_config(monkeypatch, tmp_path):
     assert rendered["publication.name"] == config.PUBLICATION
     assert rendered["topic.prefix"] == config.TOPIC_PREFIX
     assert rendered["database.user"] == config.ROLES["capture"]
-    assert rendered["table.include.list"] == (f"{re.escape(config.CAPTURED_SCHEMA)}\\..*,"
+    assert rendered["table.include.list"] == (f"{re.escape(config.DEFAULT_SCHEMA)}\\..*,"
                                               f"{re.escape(config.HEARTBEAT_TABLE)},"
                                               f"{re.escape(config.TABLE_DROPS_TABLE)}")
     assert rendered["heartbeat.action.query"].startswith(f"INSERT INTO {config.HEARTBEAT_TABLE} (id, beat_at) ")
     # The patterns match the topics they are meant for, and only those.
     outbox_table = re.compile(rendered["predicates.isOutbox.pattern"])
-    assert outbox_table.fullmatch(f"{config.TOPIC_PREFIX}.{config.CAPTURED_SCHEMA}.outbox")
-    assert not outbox_table.fullmatch(f"{config.TOPIC_PREFIX}.{config.CAPTURED_SCHEMA}xoutbox")
+    assert outbox_table.fullmatch(f"{config.TOPIC_PREFIX}.public.outbox")
+    assert not outbox_table.fullmatch(f"{config.TOPIC_PREFIX}.{config.DEFAULT_SCHEMA}xoutbox")
+    assert not outbox_table.fullmatch(f"{config.TOPIC_PREFIX}.inventory.outbox")
     events = re.compile(rendered["topic.creation.events.include"])
     assert events.fullmatch(outbox.topic("account"))
-    assert not events.fullmatch(f"{config.TOPIC_PREFIX}.{config.CAPTURED_SCHEMA}.accounts")
+    assert not events.fullmatch(f"{config.TOPIC_PREFIX}.{config.DEFAULT_SCHEMA}.accounts")
     # Debezium's and Connect's own ${...} are theirs to fill.
     assert rendered["transforms.outbox.route.topic.replacement"] == outbox.EVENTS_TOPIC_PREFIX + "${routedByValue}"
     assert rendered["database.password"].startswith("${file:")
@@ -73,10 +76,12 @@ def test_connector_template_holds_no_name_of_its_own(monkeypatch, tmp_path):
     """Every name is a placeholder: other values in sync/config.py give another config."""
     monkeypatch.setenv("LAKESYNC_HOME", str(tmp_path))
     monkeypatch.setenv("LAKESYNC_PG_DSN", "postgresql://me@db.internal:6543/shop")
-    for constant in ("CONNECTOR_NAME", "TOPIC_PREFIX", "CAPTURED_SCHEMA", "CONTROL_SCHEMA", "PUBLICATION", "SLOT"):
+    monkeypatch.setenv("LAKESYNC_CAPTURE", "xcaptured_schema")
+    for constant in ("CONNECTOR_NAME", "TOPIC_PREFIX", "CONTROL_SCHEMA", "PUBLICATION", "SLOT"):
         monkeypatch.setattr(connect, constant, f"x{constant.lower()}")
     monkeypatch.setattr(connect, "HEARTBEAT_TABLE", "xcontrol.xbeat")
     monkeypatch.setattr(connect, "TABLE_DROPS_TABLE", "xcontrol.xdrops")
+    monkeypatch.setenv("LAKESYNC_OUTBOX", "xcaptured_schema.outbox")
     monkeypatch.setattr(connect, "EVENTS_TOPIC_PREFIX", "xtopics.xevents.")
     monkeypatch.setitem(config.ROLES, "capture", "xcapture")
     name, rendered = render_connector(config.load())
@@ -96,7 +101,8 @@ def test_connector_template_placeholders_are_all_known():
     spec = json.loads(connect.CONNECTOR_TEMPLATE.read_text())
     used = {m.group(1) for entry in [{"value": spec["name"]}, *spec["config"].values()]
             for m in connect.PLACEHOLDER.finditer(entry["value"])}
-    assert used <= set(connect.connector_names()) | {"pg_host", "pg_port", "pg_database", "secrets_file"}
+    assert used <= set(connect.connector_names()) | {"pg_host", "pg_port", "pg_database", "secrets_file",
+                                                     "capture_include_list", "outbox_table"}
     assert all("doc" in entry for entry in spec["config"].values())  # each property says why it is set
 
 
@@ -111,3 +117,37 @@ def test_jar_artifact_names_ignore_versions():
     assert artifact(Path("jackson-core-2.13.5.jar")) == "jackson-core"
     assert artifact(Path("delta-spark_4.2_2.13-4.4.0.jar")) == "delta-spark_4.2_2.13"
     assert artifact(Path("zstd-jni-1.5.7-3.jar")) == "zstd-jni"
+
+
+def test_the_capture_set_renders_into_the_connector(monkeypatch, tmp_path):
+    """LAKESYNC_CAPTURE: whole schemas and schema.PATTERN entries, as Debezium's include list."""
+    monkeypatch.setenv("LAKESYNC_HOME", str(tmp_path))
+    monkeypatch.setenv("LAKESYNC_CAPTURE", " public, inventory ,billing.invoice(s|_lines),public")
+    settings = config.load()
+    assert settings.capture.schemas == ["billing", "inventory", "public"]
+    assert str(settings.capture) == "public,inventory,billing.invoice(s|_lines)"
+    _, rendered = render_connector(settings)
+    include = rendered["table.include.list"].split(",")
+    assert include[:3] == ["public\\..*", "inventory\\..*", "billing\\.invoice(s|_lines)"]
+    debezium = [re.compile(pattern) for pattern in include]  # matched against schema.table, whole
+    captured = lambda name: any(p.fullmatch(name) for p in debezium)  # noqa: E731
+    for schema, table, expected in [("public", "orders", True), ("inventory", "Stock Items", True),
+                                    ("billing", "invoices", True), ("billing", "invoice_lines", True),
+                                    ("billing", "invoices_old", False), ("billing", "drafts", False),
+                                    ("other", "orders", False)]:
+        assert settings.capture.captures(schema, table) is expected, (schema, table)
+        assert captured(f"{schema}.{table}") is expected, (schema, table)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "names no table"),
+    (" , ", "names no table"),
+    (".orders", "names no schema"),
+    ("lakesync", "Lakesync's own"),
+    ("events.x", "Lakesync's own"),
+    ("app.orders(", "not a regular expression"),
+])
+def test_a_capture_set_that_cannot_be_captured_is_refused_in_one_line(text, message):
+    with pytest.raises(config.LakesyncError) as refused:
+        config.parse_capture(text)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
