@@ -93,6 +93,22 @@ def cmd_status(settings, args) -> int:
     return 0 if status.healthy(report) else 1
 
 
+def cmd_capture(settings, args) -> int:
+    from sync.commands import capture
+
+    if args.action == "add":
+        capture.add(settings, args.entries)
+    elif args.action == "remove":
+        capture.remove(settings, args.entries)
+    else:
+        rows = capture.listing(settings)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        for row in [] if args.json else rows:
+            print(f"{row['entry']:<32} {row['from']:<17} {', '.join(row['mirrors']) or '(no table yet)'}")
+    return 0
+
+
 def cmd_resnapshot(settings, args) -> int:
     from sync.commands.resnapshot import resnapshot
 
@@ -214,6 +230,16 @@ def parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="compare every projection with its Postgres oracle")
     verify.add_argument("--json", action="store_true")
     verify.set_defaults(func=cmd_verify)
+    capture = sub.add_parser("capture", help="the capture set while everything runs: add (a table that holds "
+                                             "rows is snapshotted alone), remove, list")
+    entries = capture.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for action, text in (("add", "capture these too; existing tables get an incremental snapshot"),
+                         ("remove", "stop capturing entries `capture add` added (their mirrors stay)")):
+        step = entries.add_parser(action, help=text)
+        step.add_argument("entries", nargs="+", metavar="ENTRY", help="a schema, or schema.TABLE_PATTERN")
+    entries.add_parser("list", help="each entry, where it comes from, the mirrors it keeps").add_argument(
+        "--json", action="store_true")
+    capture.set_defaults(func=cmd_capture)
     sub.add_parser("resnapshot", help="after a lost replication slot: new snapshot, mirrors rebuilt from it"
                    ).set_defaults(func=cmd_resnapshot)
     rebuild = sub.add_parser("rebuild", help="rebuild a projection from offset zero beside the live one")

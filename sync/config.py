@@ -8,9 +8,10 @@ a port is one variable.
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -26,6 +27,7 @@ PROJECTIONS = ("mirrors", "changelog", "ledger", "views", "event_time")  # all o
 EVENTS_TOPIC_PREFIX = f"{TOPIC_PREFIX}.events."  # the outbox router's topics (sync/outbox.py), then the type
 HEARTBEAT_TABLE = f"{CONTROL_SCHEMA}.heartbeat"
 TABLE_DROPS_TABLE = f"{CONTROL_SCHEMA}.table_drops"  # captured: a DROP TABLE, at its place in the WAL
+SIGNAL_TABLE = f"{CONTROL_SCHEMA}.debezium_signal"  # captured: Debezium's signals (incremental snapshots)
 CONNECTOR_NAME = "lakesync-postgres"
 PUBLICATION = "lakesync_pub"
 SLOT = "lakesync_slot"
@@ -59,8 +61,15 @@ class CaptureSet:
     def captures(self, schema: str, table: str) -> bool:
         return any(schema == s and re.fullmatch(p, table) for s, p in self.entries)
 
+    def plus(self, other: "CaptureSet") -> "CaptureSet":
+        return CaptureSet(tuple(dict.fromkeys(self.entries + other.entries)))
+
+    def texts(self) -> list[str]:
+        """Each entry as the user writes it."""
+        return [schema if pattern == ".*" else f"{schema}.{pattern}" for schema, pattern in self.entries]
+
     def __str__(self) -> str:
-        return ",".join(schema if pattern == ".*" else f"{schema}.{pattern}" for schema, pattern in self.entries)
+        return ",".join(self.texts())
 
 
 def parse_capture(text: str) -> CaptureSet:
@@ -139,8 +148,10 @@ class Settings:
     # (projection, directory) pairs overriding the catalog (sync/delta/catalog.py): a rebuild
     # writes the projection it builds there. Empty for every other command.
     roots: tuple[tuple[str, str], ...] = ()
-    # What is captured (LAKESYNC_CAPTURE, default: every table of the public schema).
+    # What is captured: LAKESYNC_CAPTURE (default: every table of the public schema), and
+    # the entries `lakesync capture add` added since (`capture_added`, kept in capture_file).
     capture: CaptureSet = CaptureSet(((DEFAULT_SCHEMA, ".*"),))
+    capture_added: tuple[str, ...] = ()
     # The application's outbox (LAKESYNC_OUTBOX, schema.table): the router turns its rows into events.
     outbox_table: str = f"{DEFAULT_SCHEMA}.outbox"
     # The projections that run (LAKESYNC_PROJECTIONS; sync/commands checks the names). The
@@ -209,6 +220,11 @@ class Settings:
     def logs(self) -> Path:
         return self.home / "logs"
 
+    @property
+    def capture_file(self) -> Path:
+        """What `lakesync capture` added to LAKESYNC_CAPTURE, and the snapshots it asked for."""
+        return self.home / "capture.json"
+
 
 def load() -> Settings:
     home = Path(_env("LAKESYNC_HOME", str(ROOT / ".stack"))).resolve()
@@ -237,13 +253,26 @@ def load() -> Settings:
         allowed_lateness_seconds=_seconds("LAKESYNC_ALLOWED_LATENESS_SECONDS", "3600"),
         spark_driver_memory=_env("LAKESYNC_SPARK_DRIVER_MEMORY", "3g"),
         capture=parse_capture(_env("LAKESYNC_CAPTURE", DEFAULT_SCHEMA)),
+        capture_added=tuple(_captured_since(home / "capture.json")),
         outbox_table=_env("LAKESYNC_OUTBOX", f"{DEFAULT_SCHEMA}.outbox"),
         projections=tuple(name.strip() for name in _env("LAKESYNC_PROJECTIONS", ",".join(PROJECTIONS)).split(",")
                           if name.strip()),
     )
+    if settings.capture_added:
+        settings = replace(settings, capture=settings.capture.plus(parse_capture(",".join(settings.capture_added))))
     # Passwords never sit in a DSN: libpq reads them from this file (user-set wins).
     os.environ.setdefault("PGPASSFILE", str(settings.pgpass_file))
     return settings
+
+
+def _captured_since(path: Path) -> list[str]:
+    """The entries `lakesync capture add` kept in `path` (none when it is missing)."""
+    try:
+        return list(json.loads(path.read_text()).get("added", []))
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError, AttributeError) as error:
+        raise LakesyncError(f"{path} cannot be read ({error}): fix or remove it, then `lakesync capture list`") from None
 
 
 def read_secrets(settings: Settings) -> dict[str, str]:

@@ -30,7 +30,7 @@ from sync.config import CONNECTOR_NAME, HEARTBEAT_TABLE, Settings
 from sync.errors import NotFresh
 from sync.projection import KafkaTopics
 from sync.stack import capture
-from sync.stack.connect import rest
+from sync.stack.connect import offset_lsn, source_offset
 from sync.stack.postgres import pg_connect
 from sync.stack.process import read_pid
 from sync.streaming.offsets import Offsets, input_ends, processed
@@ -54,12 +54,7 @@ def wal_position_and_touch(settings: Settings) -> int:
 
 def connector_lsn(settings: Settings) -> int:
     """The highest LSN in the connector's committed source offset (0 if none yet)."""
-    answer = rest(settings, "GET", f"/connectors/{CONNECTOR_NAME}/offsets")
-    best = 0
-    for entry in answer.get("offsets", []):
-        offset = entry.get("offset") or {}
-        best = max([best] + [int(offset[k]) for k in ("lsn", "lsn_proc", "lsn_commit") if offset.get(k)])
-    return best
+    return offset_lsn(source_offset(settings))
 
 
 def lags(settings: Settings) -> list[Lag]:

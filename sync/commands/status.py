@@ -7,12 +7,13 @@ from typing import Any
 
 from sync import search
 from sync.commands import all_projections
+from sync.commands.capture import snapshots
 from sync.commands.freshness import lags
 from sync.config import Settings, safe_dsn
 from sync.errors import LakesyncError
 from sync.projection import Target
 from sync.stack import capture
-from sync.stack.connect import connector_status
+from sync.stack.connect import connector_status, source_offset
 from sync.stack.kafka import kafka_ready
 from sync.stack.postgres import pg_connect
 from sync.stack.process import read_pid
@@ -50,7 +51,9 @@ def collect(settings: Settings) -> dict[str, Any]:
                  for t in status.get("tasks", [])]
         ok = status["connector"]["state"] == "RUNNING" and bool(tasks) and all(t["state"] == "RUNNING" for t in tasks)
         components["connect"] = {"ok": ok, "url": settings.connect_url, "connector": status["connector"]["state"],
-                                 "tasks": tasks}
+                                 "tasks": tasks,
+                                 # The tables `capture add` asked to snapshot: requested, running, done.
+                                 "snapshots": snapshots(settings, source_offset(settings))}
     except LakesyncError as error:
         components["connect"] = {"ok": False, "url": settings.connect_url, "tasks": [], "error": str(error)}
 
@@ -100,10 +103,13 @@ def render(report: dict[str, Any]) -> str:
     lines = ["component  ok    detail"]
     for name, c in report["components"].items():
         failed = [t.get("error") for t in c.get("tasks", []) if t.get("error")]
+        running = {t: s["state"] + (f" (key {s['at_key']} of {s['last_key']})" if "at_key" in s else "")
+                   for t, s in c.get("snapshots", {}).items() if s["state"] != "done"}
         if name == "slot":
             usual = f"{c['name']}, wal_status {c.get('wal_status')}, {c.get('retained_bytes')} bytes retained"
         elif name == "connect":
-            usual = f"connector {c.get('connector')}, tasks {[t['state'] for t in c.get('tasks', [])]}"
+            usual = f"connector {c.get('connector')}, tasks {[t['state'] for t in c.get('tasks', [])]}" + (
+                "; snapshot " + ", ".join(f"{t} {s}" for t, s in running.items()) if running else "")
         elif name == "runner":
             usual = f"pid {c.get('pid')}"
         else:

@@ -16,7 +16,7 @@ import urllib.request
 from typing import Any
 
 from sync.config import (CONNECTOR_NAME, CONTROL_SCHEMA, EVENTS_TOPIC_PREFIX, HEARTBEAT_TABLE, PUBLICATION, ROLES,
-                         ROOT, SLOT, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings)
+                         ROOT, SIGNAL_TABLE, SLOT, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings)
 from sync.errors import ServiceUnavailable, StackError
 from sync.stack import jvm
 from sync.stack.process import require_free, wait_until
@@ -55,6 +55,7 @@ def connector_names() -> dict[str, str]:
     return {
         "CONNECTOR_NAME": CONNECTOR_NAME, "TOPIC_PREFIX": TOPIC_PREFIX,
         "CONTROL_SCHEMA": CONTROL_SCHEMA, "HEARTBEAT_TABLE": HEARTBEAT_TABLE, "TABLE_DROPS_TABLE": TABLE_DROPS_TABLE,
+        "SIGNAL_TABLE": SIGNAL_TABLE,
         "PUBLICATION": PUBLICATION,
         "SLOT": SLOT, "CAPTURE_ROLE": ROLES["capture"],
         "EVENTS_TOPIC_PREFIX": EVENTS_TOPIC_PREFIX,  # the outbox router's topics
@@ -80,6 +81,17 @@ def render_connector(settings: Settings) -> tuple[str, dict[str, str]]:
 
     name = PLACEHOLDER.sub(fill, spec["name"])
     return name, {key: PLACEHOLDER.sub(fill, entry["value"]) for key, entry in spec["config"].items()}
+
+
+def source_offset(settings: Settings) -> dict[str, Any]:
+    """The connector's committed source offset (empty before its first commit)."""
+    answer = rest(settings, "GET", f"/connectors/{CONNECTOR_NAME}/offsets")
+    return next((entry.get("offset") or {} for entry in answer.get("offsets", [])), {})
+
+
+def offset_lsn(offset: dict[str, Any]) -> int:
+    """The highest LSN a source offset names (0 for none)."""
+    return max([int(offset[k]) for k in ("lsn", "lsn_proc", "lsn_commit") if offset.get(k)], default=0)
 
 
 def connector_status(settings: Settings) -> dict[str, Any]:
@@ -165,8 +177,18 @@ class Connect(jvm.JavaService):
 
     def register(self) -> None:
         """PUT the rendered config (create or update), then wait for a RUNNING task."""
+        self.configure()
+        self.wait_streaming()
+
+    def configure(self) -> None:
+        """PUT the rendered config (a stopped connector stays stopped)."""
         name, config = render_connector(self.settings)
         rest(self.settings, "PUT", f"/connectors/{name}/config", config, timeout=60)
+
+    def wait_streaming(self) -> None:
+        """Until the connector's task runs and has committed a source offset (one restart
+        of a failed task); a task that fails again: one line naming its error."""
+        name = CONNECTOR_NAME
         deadline = time.monotonic() + 90
         state = "unknown"
         restarted = False

@@ -1,16 +1,19 @@
-"""Lakesync on a team's own database: the capture set it names, and nothing of Lakesync's
-or the demo's in the application's schemas but the grants and the publication."""
+"""Lakesync on a team's own database: the capture set it names (changed while everything
+runs, a table added with its rows snapshotted alone), and nothing of Lakesync's or the
+demo's in the application's schemas but the grants and the publication."""
 
 import json
+import time
 from dataclasses import replace
 
 import psycopg
 import pytest
 
-from projections import mirrors
+from projections import changelog, mirrors
 from sync import config
 from sync.commands.verify import verify
 from sync.stack import connect, migrate, postgres
+from sync.streaming.offsets import end_offsets
 from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.e2e
@@ -146,3 +149,49 @@ def test_a_second_database_gets_only_lakesyncs_own_objects(db, stack):
     finally:
         db.execute("DROP DATABASE IF EXISTS shopdb WITH (FORCE)")
         db.execute("DROP ROLE IF EXISTS shop_owner")
+
+
+def test_capture_add_snapshots_a_table_alone_while_everything_runs(db, stack, spark):
+    """A table created with 10k rows in a schema nothing captured: `lakesync capture add`
+    snapshots it alone (Debezium's incremental snapshot, beside the stream) and streams it
+    from then on; no other table's topic gets a record; `status` shows the snapshot until
+    it is done; `capture add` again changes nothing; `capture remove` takes it out."""
+    db.execute("CREATE SCHEMA late")
+    db.execute("CREATE TABLE late.big (id bigint PRIMARY KEY, label text, amount numeric(12,2))")
+    db.execute("INSERT INTO late.big SELECT g, 'row ' || g, g / 100.0 FROM generate_series(1, 10000) g")
+    before = end_offsets(stack, mirrors.TOPICS.pattern)
+    added = lakesync("capture", "add", "late.big", check=True)
+    assert "snapshot asked for   late.big" in added.stdout, added.stdout
+    seen = []
+    deadline = time.monotonic() + 600
+    while not seen or seen[-1] != "done":
+        assert time.monotonic() < deadline, f"the snapshot of late.big did not finish: {seen}"
+        report = json.loads(lakesync("status", "--json").stdout)
+        seen.append(report["components"]["connect"]["snapshots"]["late.big"]["state"])
+    assert set(seen[:-1]) & {"requested", "running"}, seen  # its progress, before it was done
+    db.execute("UPDATE late.big SET label = 'changed' WHERE id <= 100")
+    db.execute("DELETE FROM late.big WHERE id > 9990")
+    db.execute("INSERT INTO late.big VALUES (20000, 'new', 1.50)")
+
+    settings = config.load()  # the capture set as `capture add` left it (<home>/capture.json)
+    assert "late.big" in settings.capture.texts() and settings.capture_added == ("late.big",)
+    names = {"mirror.late.big", "changelog"}
+    lakesync("wait", *sorted(names), "--timeout", "600", timeout=660, check=True)
+    reports = {r.name: r for r in verify(settings, spark=spark, only=names)}
+    bad = [r.as_json() for r in reports.values() if r.differences]
+    assert not bad, json.dumps(bad, indent=2, default=str)
+    assert reports["mirror.late.big"].target_rows == 9991
+    snapshot_rows = (spark.read.format("delta").load(changelog.changelog_path(settings))
+                     .where("`table` = 'late.big' AND _op = 'r'").count())
+    assert snapshot_rows == 10_000
+    after = end_offsets(stack, mirrors.TOPICS.pattern)
+    assert {t: o for t, o in after.items() if t[0] != "lakesync.late.big"} == before  # no second snapshot
+
+    again = lakesync("capture", "add", "late.big", check=True)
+    assert "already captured" in again.stdout and end_offsets(stack, mirrors.TOPICS.pattern) == after
+    listed = json.loads(lakesync("capture", "list", "--json", check=True).stdout)
+    assert {"entry": "late.big", "from": "capture add", "mirrors": ["mirror.late.big"]} in listed
+    refused = lakesync("capture", "remove", "public")
+    assert refused.returncode == 2 and "LAKESYNC_CAPTURE" in refused.stderr
+    lakesync("capture", "remove", "late.big", check=True)
+    assert "late.big" not in config.load().capture.texts()
