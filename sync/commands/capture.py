@@ -38,7 +38,7 @@ from sync.config import CONNECTOR_NAME, SIGNAL_TABLE, CaptureSet, Settings, pars
 from sync.errors import LakesyncError
 from sync.files import read_json, write_json_atomically
 from sync.stack.connect import Connect, offset_lsn, rest, wait_for_state
-from sync.stack.migrate import publish
+from sync.stack.migrate import publish, schema_owners
 from sync.stack.postgres import pg_connect
 
 
@@ -51,10 +51,7 @@ def add(settings: Settings, entries: list[str], say=print) -> list[str]:
     kept = read_json(settings.capture_file, {}) or {}
     asked = kept.get("snapshots", {})
     with pg_connect(settings) as conn:
-        missing = _missing_schemas(conn, updated.capture)
-        if missing:
-            raise LakesyncError(f"schema {', '.join(missing)} does not exist in database {settings.pg_database}: "
-                                "create it first")
+        schema_owners(conn, updated)  # before anything changes: a schema that does not exist
         tables = table_keys(conn, updated.capture.schemas)
     fresh = set(_captured(tables, updated.capture)) - set(_captured(tables, settings.capture))
     to_snapshot = sorted(fresh | {t for t, info in asked.items() if info["state"] == "requested"})
@@ -142,12 +139,6 @@ def signal(settings: Settings, tables: list[str]) -> int:
 
 def _captured(tables, capture: CaptureSet) -> list[str]:
     return [f"{schema}.{table}" for schema, table, _ in tables if capture.captures(schema, table)]
-
-
-def _missing_schemas(conn, capture: CaptureSet) -> list[str]:
-    found = {row[0] for row in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)",
-                                            (capture.schemas,))}
-    return sorted(set(capture.schemas) - found)
 
 
 # Debezium keeps an incremental snapshot's keys in its offset as a Java-serialized Object[]

@@ -6,7 +6,7 @@ from alembic import command
 from alembic.config import Config
 from psycopg import sql
 
-from sync.config import ADMIN_ROLE, CONTROL_SCHEMA, PUBLICATION, ROLES, ROOT, Settings, sqlalchemy_url
+from sync.config import CONTROL_SCHEMA, PUBLICATION, ROLES, ROOT, Settings, sqlalchemy_url
 from sync.errors import StackError
 from sync.stack.postgres import pg_connect
 
@@ -22,9 +22,23 @@ def upgrade(settings: Settings) -> None:
     publish(settings)
 
 
+def schema_owners(conn, settings: Settings) -> dict[str, str]:
+    """Each schema of the capture set, with its owner; one that does not exist: one line
+    naming it (Lakesync creates nothing in the application's schemas)."""
+    schemas = settings.capture.schemas
+    owners = dict(conn.execute("SELECT nspname, pg_get_userbyid(nspowner) FROM pg_namespace "
+                               "WHERE nspname = ANY(%s)", (schemas,)).fetchall())
+    missing = [schema for schema in schemas if schema not in owners]
+    if missing:
+        raise StackError(f"the capture set names schema {', '.join(missing)}, which database "
+                         f"{settings.pg_database} does not have: create it first, or leave it out")
+    return owners
+
+
 def publish(settings: Settings) -> None:
-    """The capture set (LAKESYNC_CAPTURE) into the database, in one transaction, on every
-    `up` (idempotent; the connector's include list is rendered from the same setting):
+    """The capture set (LAKESYNC_CAPTURE, and what `lakesync capture add` added) into the
+    database, in one transaction, on every `up` and `capture` (idempotent; the
+    connector's include list is rendered from the same set):
       1. every schema it names exists (Lakesync creates nothing in the application's
          schemas: one line naming what is missing, and nothing changed);
       2. their tables without a primary key get REPLICA IDENTITY FULL, before the
@@ -34,18 +48,14 @@ def publish(settings: Settings) -> None:
       3. the publication carries exactly those schemas and the control schema, so
          tables created in them later are published too;
       4. the capture and auditor roles may read their tables, those created later by
-         the schema's owner or the admin role too (Debezium's snapshots read them;
-         streaming needs only the publication).
+         the schema's owner or this role too (Debezium's snapshots read them; streaming
+         needs only the publication).
     """
     schemas = settings.capture.schemas
     readers = sql.SQL(", ").join(sql.Identifier(ROLES[kind]) for kind in ("capture", "auditor"))
     with pg_connect(settings) as conn, conn.transaction():
-        owners = dict(conn.execute("SELECT nspname, pg_get_userbyid(nspowner) FROM pg_namespace "
-                                   "WHERE nspname = ANY(%s)", (schemas,)).fetchall())
-        missing = [schema for schema in schemas if schema not in owners]
-        if missing:
-            raise StackError(f"LAKESYNC_CAPTURE names schema {', '.join(missing)}, which database "
-                             f"{settings.pg_database} does not have: create it first, or leave it out")
+        owners = schema_owners(conn, settings)
+        (me,) = conn.execute("SELECT current_user").fetchone()
         keyless = conn.execute(
             "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = ANY(%s) AND c.relkind = 'r' AND c.relreplident = 'd' "
@@ -61,6 +71,6 @@ def publish(settings: Settings) -> None:
             conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(name, readers))
             conn.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}").format(name, readers))
             # (Postgres 15 gives the public schema to pg_database_owner, which owns no table.)
-            for owner in sorted({owners[schema], ADMIN_ROLE} - {"pg_database_owner"}):
+            for owner in sorted({owners[schema], me} - {"pg_database_owner"}):
                 conn.execute(sql.SQL("ALTER DEFAULT PRIVILEGES FOR ROLE {} IN SCHEMA {} GRANT SELECT ON TABLES TO {}")
                              .format(sql.Identifier(owner), name, readers))
