@@ -82,8 +82,8 @@ def mirror_name(schema: str, table: str) -> str:
 
 
 def source_table(name: str) -> tuple[str, str]:
-    """(schema, table) of a mirror name: mirror_name's inverse (a public table's name has
-    no dot: such a table has no topic of its own)."""
+    """(schema, table) of a mirror name: mirror_name's inverse (unambiguous: a table or
+    schema whose name holds a dot has no topic the mirrors read)."""
     schema, _, table = name.rpartition(".")
     return (schema or DEFAULT_SCHEMA), table
 
@@ -112,7 +112,6 @@ def target(settings: Settings, name: str) -> Target:
     return Target(name=f"mirror.{name}", kind=KIND, table=str(mirror_path(settings, name)),
                   oracle_sql=f"SELECT * FROM {pg_quoted(schema)}.{pg_quoted(table)}",
                   source=f"{schema}.{table}")
-
 
 
 class Mirrors(Projection):

@@ -2,8 +2,9 @@
 
 up -> the demo's tables (sync/demo/schema.py) and seed -> start the runner -> a mixed
 insert/update/delete workload (multi-table transactions included) while bank clients
-move money concurrently through the outbox -> `wait` -> a table of Postgres vs Delta row counts per table, the verify
-result, a few ledger lines and `ledger verify`. The stack and the runner stay up.
+move money concurrently through the outbox -> `wait` -> a table of Postgres vs Delta
+row counts per table, the verify result, a few ledger lines and `ledger verify`. The
+stack and the runner stay up.
 """
 
 from __future__ import annotations
