@@ -128,18 +128,18 @@ class Mirrors(Projection):
         return [target(settings, table) for table in found]
 
     def verify_targets(self, settings: Settings, conn) -> list[Target]:
-        """Every captured table in Postgres, and every mirror in the lake whose table is
-        gone (dropped and not created again: compared with no rows). A mirror of a table
-        still in Postgres but no longer captured is not kept, so not compared."""
+        """Every captured table in Postgres, and every mirror in the lake whose captured
+        table is gone (dropped and not created again: compared with no rows). A mirror of
+        a table the capture set no longer takes is not kept, so not compared."""
         in_lake = {t.name.split(".", 1)[1] for t in self.targets(settings)}
-        schemas = sorted(set(settings.capture.schemas) | {source_table(name)[0] for name in in_lake})
         existing = {mirror_name(schema, table): (schema, table, list(columns or []))
-                    for schema, table, columns in table_keys(conn, schemas)}
+                    for schema, table, columns in table_keys(conn, settings.capture.schemas)}
         keys = {name: columns for name, (schema, table, columns) in existing.items()
                 if settings.capture.captures(schema, table)}
         gone = "SELECT NULL::text AS dropped WHERE false"  # Postgres has no rows of a dropped table
         return ([replace(target(settings, name), keys=columns) for name, columns in sorted(keys.items())]
-                + [replace(target(settings, name), oracle_sql=gone) for name in sorted(in_lake - set(existing))])
+                + [replace(target(settings, name), oracle_sql=gone) for name in sorted(in_lake - set(existing))
+                   if settings.capture.captures(*source_table(name))])
 
     def lag_of(self, target: Target, lag_by_topic: dict[str, int]) -> int:
         return lag_by_topic.get(f"{TOPIC_PREFIX}.{target.source}", 0)

@@ -196,4 +196,9 @@ def test_capture_add_snapshots_a_table_alone_while_everything_runs(db, stack, sp
     refused = lakesync("capture", "remove", "public")
     assert refused.returncode == 2 and "LAKESYNC_CAPTURE" in refused.stderr
     lakesync("capture", "remove", "late.big", check=True)
-    assert "late.big" not in config.load().capture.texts()
+    settings = config.load()
+    assert "late.big" not in settings.capture.texts()
+    db.execute("DROP TABLE late.big")  # no longer captured: its mirror stays, and is compared no more
+    with postgres.pg_connect(settings) as conn:
+        assert "mirror.late.big" not in {t.name for t in mirrors.PROJECTION.verify_targets(settings, conn)}
+    assert mirrors.mirror_path(settings, "late.big").exists()
