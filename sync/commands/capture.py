@@ -17,9 +17,9 @@ second snapshot. Steps of `add`, in order:
   6. The connector's config with the new include list, resume it, wait until it streams:
      it reads the signal, then snapshots the tables in chunks beside the stream (rows as
      op r, each chunk deduplicated against the changes streamed meanwhile).
-A crash between steps leaves the connector stopped or the entries recorded: `capture add`
-again finishes it (the entries are new no more, but the connector is resumed and a
-snapshot not yet started is asked for again). `remove` takes an added entry out (the
+The tables stay `requested` in <home>/capture.json until step 6 is done: after a crash
+anywhere, `capture add` again finishes it (it asks for their snapshot again and resumes
+the connector). `remove` takes an added entry out (the
 setting's are changed where they are set): its tables are no longer captured, and their
 mirrors stay as they were. `list` shows each entry, where it comes from and the tables it
 captures, and the snapshots asked for with their progress (also in `status`).
@@ -37,7 +37,7 @@ from sync.cdc.ordering import parse_lsn
 from sync.config import CONNECTOR_NAME, SIGNAL_TABLE, CaptureSet, Settings, parse_capture
 from sync.errors import LakesyncError
 from sync.files import read_json, write_json_atomically
-from sync.stack.connect import Connect, offset_lsn, rest, wait_for_state
+from sync.stack.connect import Connect, connector_status, offset_lsn, rest, wait_for_state
 from sync.stack.migrate import publish, schema_owners
 from sync.stack.postgres import pg_connect
 
@@ -55,24 +55,30 @@ def add(settings: Settings, entries: list[str], say=print) -> list[str]:
         tables = table_keys(conn, updated.capture.schemas)
     fresh = set(_captured(tables, updated.capture)) - set(_captured(tables, settings.capture))
     to_snapshot = sorted(fresh | {t for t, info in asked.items() if info["state"] == "requested"})
-    if not new_entries and not to_snapshot:
+    stopped = connector_status(settings)["connector"]["state"] == "STOPPED"  # by a crash in step 2-6
+    if not new_entries and not to_snapshot and not stopped:
         say(f"  already captured: {', '.join(wanted.texts())}")
         return []
+
+    def save(state: str, **more) -> None:
+        asked.update({table: {**asked.get(table, {}), "state": state, **more} for table in to_snapshot})
+        write_json_atomically(settings.capture_file, {**kept, "added": list(updated.capture_added), "snapshots": asked})
+
     rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/stop")
     wait_for_state(settings, "STOPPED")
     say("  connector            stopped")
-    asked.update({table: {"state": "requested"} for table in to_snapshot})
-    write_json_atomically(settings.capture_file, {**kept, "added": list(updated.capture_added), "snapshots": asked})
+    save("requested")
     publish(updated)
     if to_snapshot:
-        lsn = signal(updated, to_snapshot)
-        asked.update({table: {"state": "signalled", "signal_lsn": lsn} for table in to_snapshot})
-        write_json_atomically(settings.capture_file, {**kept, "added": list(updated.capture_added), "snapshots": asked})
+        save("requested", signal_lsn=signal(updated, to_snapshot))
         say(f"  snapshot asked for   {', '.join(to_snapshot)}")
     connect = Connect(updated)
     connect.configure()
     rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/resume")
     connect.wait_streaming()
+    # Only now: a crash before leaves them requested, and `capture add` again resumes the
+    # connector (a signal sent twice snapshots a table twice; its mirror is the same).
+    save("signalled")
     say(f"  connector            streaming; captured: {updated.capture}")
     return to_snapshot
 
