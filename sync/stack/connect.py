@@ -69,7 +69,7 @@ def render_connector(settings: Settings) -> tuple[str, dict[str, str]]:
               # Addresses as the Connect worker sees them (another host/path in a container).
               "pg_host": settings.connect_pg_host, "pg_port": str(settings.connect_pg_port),
               "pg_database": settings.pg_database, "secrets_file": str(settings.connect_secrets_file),
-              # LAKESYNC_CAPTURE as Debezium's patterns (already regular expressions).
+              # The capture set as Debezium's patterns (already regular expressions).
               "capture_include_list": ",".join(settings.capture.include_list()),
               "outbox_table": settings.outbox_table}
 
