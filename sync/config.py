@@ -253,13 +253,14 @@ def load() -> Settings:
         allowed_lateness_seconds=_seconds("LAKESYNC_ALLOWED_LATENESS_SECONDS", "3600"),
         spark_driver_memory=_env("LAKESYNC_SPARK_DRIVER_MEMORY", "3g"),
         capture=parse_capture(_env("LAKESYNC_CAPTURE", DEFAULT_SCHEMA)),
-        capture_added=tuple(_captured_since(home / "capture.json")),
         outbox_table=_env("LAKESYNC_OUTBOX", f"{DEFAULT_SCHEMA}.outbox"),
         projections=tuple(name.strip() for name in _env("LAKESYNC_PROJECTIONS", ",".join(PROJECTIONS)).split(",")
                           if name.strip()),
     )
-    if settings.capture_added:
-        settings = replace(settings, capture=settings.capture.plus(parse_capture(",".join(settings.capture_added))))
+    added = _captured_since(settings.capture_file)
+    if added:
+        settings = replace(settings, capture=settings.capture.plus(parse_capture(",".join(added))),
+                           capture_added=tuple(added))
     # Passwords never sit in a DSN: libpq reads them from this file (user-set wins).
     os.environ.setdefault("PGPASSFILE", str(settings.pgpass_file))
     return settings

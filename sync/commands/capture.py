@@ -107,7 +107,8 @@ def listing(settings: Settings) -> list[dict]:
     with pg_connect(settings) as conn:
         tables = table_keys(conn, settings.capture.schemas)
     return [{"entry": entry, "from": "capture add" if entry in settings.capture_added else "LAKESYNC_CAPTURE",
-             "mirrors": sorted(f"mirror.{mirror_name(*t.split('.', 1))}" for t in _captured(tables, parse_capture(entry)))}
+             "mirrors": sorted(f"mirror.{mirror_name(schema, table)}" for schema, table, _ in tables
+                               if parse_capture(entry).captures(schema, table))}
             for entry in settings.capture.texts()]
 
 

@@ -170,7 +170,7 @@ def test_capture_add_snapshots_a_table_alone_while_everything_runs(db, stack, sp
     while not seen or seen[-1]["state"] != "done":
         assert time.monotonic() < deadline, f"the snapshot of late.big did not finish: {seen}"
         seen.append(capture.snapshots(settings, connect.source_offset(settings))["late.big"])
-        time.sleep(0.2)
+        time.sleep(0.2)  # between two looks at a state that moves (no barrier tells a snapshot's steps)
     assert {s["state"] for s in seen[:-1]} & {"requested", "running"}, seen  # its progress, before it was done
     report = json.loads(lakesync("status", "--json").stdout)
     assert report["components"]["connect"]["snapshots"]["late.big"] == {"state": "done"}
