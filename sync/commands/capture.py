@@ -19,9 +19,8 @@ second snapshot. Steps of `add`, in order:
      op r, each chunk deduplicated against the changes streamed meanwhile).
 The tables stay `requested` in <home>/capture.json until step 6 is done: after a crash
 anywhere, `capture add` again finishes it (it asks for their snapshot again and resumes
-the connector). `remove` takes an added entry out (the
-setting's are changed where they are set): its tables are no longer captured, and their
-mirrors stay as they were. `list` shows each entry, where it comes from and the tables it
+the connector). `remove` takes an added entry out (the setting's are changed where they
+are set): its tables are no longer captured, and their mirrors stay as they were. `list` shows each entry, where it comes from and the tables it
 captures, and the snapshots asked for with their progress (also in `status`).
 """
 
