@@ -46,9 +46,9 @@ from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
 from sync.delta.keychanges import SAVED_DDL, fill_moved_values, is_key_change, rows_moved_away
-from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, inserts, last_commit_info, latest_per_key,
-                              merge_changes, never_written, rows_added, still_applicable, table_properties,
-                              tombstones_of)
+from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, inserts, key_ranges, last_commit_info,
+                              latest_per_key, merge_changes, never_written, rows_added, still_applicable,
+                              table_properties, tombstones_of)
 from sync.delta.multiset import additions, copies_removed, merge_multiset, signed_rows
 from sync.delta.schema import COLUMN_MAPPING, IncompatibleChange, evolve, finish_backfill, sql_string
 from sync.fault import crash_point
@@ -353,9 +353,11 @@ class MirrorBatch(Batch):
         if table.moves or table.moved_away:
             good = self._key_changes(commit, table, good, known_dead)
             steps.done("key_changes")
+        ranges = key_ranges(good, keys)  # the target's and the tombstones' files read: those these keys can be in
+        steps.done("key_ranges")
         # Computed once and checkpointed (see `records`): MERGE reads its source twice and
         # the tombstones once more.
-        latest = latest_per_key(still_applicable(good, keys, truncated_at, known_dead), keys).localCheckpoint()
+        latest = latest_per_key(still_applicable(good, keys, truncated_at, known_dead, ranges), keys).localCheckpoint()
         steps.done("latest_per_key")
         if never_written(table.path):
             # Nothing to match (a new table, every table of a rebuild): an append inserts what
@@ -364,7 +366,8 @@ class MirrorBatch(Batch):
             commit.append(inserts(target, latest), table.path, table.name)
             metrics = {"num_affected_rows": rows_added(table.path)}
         else:
-            metrics = commit.merge(merge_changes(target, latest, keys, table.truncated_at), table.path, table.name)
+            metrics = commit.merge(merge_changes(target, latest, keys, table.truncated_at, ranges),
+                                   table.path, table.name)
         steps.done("merge")
         if table.deletes:
             if tombstones not in self.tombstone_tables:

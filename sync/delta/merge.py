@@ -15,21 +15,27 @@
    of a MERGE here). Tombstones are removed after a horizon (LAKESYNC_TOMBSTONE_HOURS)
    longer than the time Kafka keeps a deleted key's older records in a compacted topic
    (delete.retention.ms, 1 day).
-The merge condition carries the keys only. Delta skips target files only by conjuncts
-on the target alone, and this condition has none: MERGE reads every file's keys to find
-the files a batch touches, then rewrites (or marks with deletion vectors) those alone.
-With a truncate in the batch (`whenNotMatchedBySource`) it also joins every file whole.
+Delta skips a target file only by conjuncts of the merge condition on the target alone
+(its min/max statistics per file); the keys' equality is not one. So the condition also
+carries the batch's keys as a few ranges of the first key column (`key_ranges`): MERGE
+then reads only the files whose key range meets one of them, the tombstones likewise.
+Recent rows change and old ones are deleted, so a batch's keys mostly fall in a few
+narrow ranges even in a large table. With a truncate in the batch
+(`whenNotMatchedBySource`) MERGE joins every file whole whatever the condition holds
+(delta-io/delta#7362), and gets no ranges.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import shutil
 from pathlib import Path
 
 from delta.tables import DeltaMergeBuilder, DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from sync.cdc.decode import PROVENANCE, UNCHANGED
 from sync.cdc.ordering import later, newer_than, newer_than_literal
@@ -92,13 +98,16 @@ TOMBSTONE_COLUMNS = ["_commit_lsn", "_lsn", "_source_ts", "_applied_at"]
 
 
 def still_applicable(changes: DataFrame, keys: list[str], truncated_at: tuple[int, int] | None,
-                     tombstones: DataFrame | None) -> DataFrame:
+                     tombstones: DataFrame | None, ranges: list[tuple] | None = None) -> DataFrame:
     """Step 1: the changes (not truncates) newer than the latest truncate and than their
-    key's tombstone. A delete equal to its own tombstone stays (its replay is harmless)."""
+    key's tombstone. A delete equal to its own tombstone stays (its replay is harmless).
+    `ranges` (key_ranges of `changes`) spare reading the tombstones of other keys."""
     rows = changes.where("_op != 't'")
     if truncated_at is not None:
         rows = rows.where(newer_than_literal(truncated_at))
     if tombstones is not None:
+        if ranges is not None:
+            tombstones = tombstones.where(in_ranges(F.col(quoted(keys[0])), ranges))
         # An anti join on the key and the order, not the latest tombstone per key joined
         # back: no aggregate and no shuffle when the tombstones are small enough to broadcast.
         same_key = " AND ".join(f"r.{quoted(k)} = d.{quoted(k)}" for k in keys)
@@ -136,12 +145,61 @@ def inserts(target: DeltaTable, latest: DataFrame) -> DataFrame:
         for f in target.toDF().schema.fields])
 
 
+# At most this many ranges of the first key column in a MERGE's condition: a file is read
+# when its key range meets one of them. More ranges skip more files, and each is one more
+# comparison per file's statistics and per row the MERGE joins.
+KEY_RANGES = 16
+# The first key column's types whose ranges are split at the widest gaps between the
+# batch's keys (integers: a gap is a count of keys no row of the batch has); any other
+# type Delta keeps min/max statistics for gets one range, from the least to the greatest.
+_SPLIT = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_ORDERED = _SPLIT + (T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType, T.DecimalType)
+
+
+def key_ranges(changes: DataFrame, keys: list[str]) -> list[tuple] | None:
+    """The batch's values of the first key column as closed ranges [low, high], at most
+    KEY_RANGES, covering every one of them; None when that column's type has no order
+    Delta keeps statistics for (then no file is skipped). One Spark job."""
+    first = changes.schema[keys[0]].dataType
+    column = F.col(quoted(keys[0]))
+    if not isinstance(first, _ORDERED):
+        return None
+    present = changes.where(column.isNotNull())
+    if isinstance(first, _SPLIT):
+        return cover(present.agg(F.array_sort(F.collect_set(column))).first()[0], KEY_RANGES)
+    low, high = present.agg(F.min(column), F.max(column)).first()
+    return [] if low is None else [(low, high)]
+
+
+def cover(values: list[int], most: int) -> list[tuple[int, int]]:
+    """The closed ranges, at most `most`, that cover sorted distinct integers `values`
+    with the fewest integers outside them: split at the widest gaps."""
+    if not values:
+        return []
+    widest = heapq.nlargest(most - 1, range(1, len(values)), key=lambda i: values[i] - values[i - 1])
+    cuts = sorted(i for i in widest if values[i] - values[i - 1] > 1)
+    starts, ends = [0, *cuts], [*cuts, len(values)]
+    return [(values[start], values[end - 1]) for start, end in zip(starts, ends)]
+
+
+def in_ranges(column: Column, ranges: list[tuple]) -> Column:
+    """`column` within one of `ranges` (false for none)."""
+    within = [column.between(F.lit(low), F.lit(high)) for low, high in ranges]
+    condition = within[0] if within else F.lit(False)
+    for other in within[1:]:
+        condition = condition | other
+    return condition
+
+
 def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
-                  truncated_at: tuple[int, int] | None = None) -> DeltaMergeBuilder:
+                  truncated_at: tuple[int, int] | None = None, ranges: list[tuple] | None = None) -> DeltaMergeBuilder:
     """Step 3: the MERGE of `latest` (one change per key, from latest_per_key) into `target`,
     for the batch's commit to execute (sync/delta/commit.py `merge`); `truncated_at` is the
-    position of the batch's latest truncate of this table, if it has one."""
-    on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
+    position of the batch's latest truncate of this table, if it has one; `ranges`, from
+    key_ranges, cover every key of `latest` (the target files outside them are skipped)."""
+    on = F.expr(" AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys))
+    if ranges is not None and truncated_at is None:
+        on = on & in_ranges(F.col(f"t.{quoted(keys[0])}"), ranges)
     newer = newer_than("s", "t")
     written = [c for c in latest.columns if c != UNCHANGED]
     data = set(written) - set(keys) - set(PROVENANCE) - {"_applied_at"}

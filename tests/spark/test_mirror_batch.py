@@ -7,6 +7,8 @@ truncates and idempotent replays are tested on exact inputs.
 
 import dataclasses
 import json
+from pathlib import Path
+from urllib.parse import urlparse
 from decimal import Decimal
 
 import pytest
@@ -544,3 +546,27 @@ def test_a_dropped_table_created_again_starts_from_no_rows(spark, settings):
     snapshot_of_drop = rows([_drop("widgets", 40, 41, op="r")], [mirrors.DROPS_TOPIC], len(history))
     apply(snapshot_of_drop, len(bounds))
     assert set(mirror(spark, lake)) == {1, 4}
+
+
+def test_a_merge_reads_only_the_files_its_keys_can_be_in(spark, settings):
+    """The MERGE's condition carries the batch's keys as ranges (sync/delta/merge.py
+    `key_ranges`), so Delta skips every file whose keys lie outside them: here the file
+    of keys 1000-1010 is removed from disk, and a batch changing keys 1 and 5005 (and
+    deleting 5006, which reads the tombstones) applies without opening it."""
+    from sync.delta.merge import last_commit_info
+
+    apply, offset = new_batch(spark, settings), 0
+    for n, keys in enumerate([range(1, 11), range(1000, 1011), range(5000, 5011)]):  # one file each
+        events = [event("c", key, 10 + n, 10 + n, f"w{key}", "1.00") for key in keys]
+        apply(batch(spark, events, offset), n)
+        offset += len(events)
+    apply(batch(spark, [event("d", 5010, 20, 20)], offset), 3)  # a tombstone: the next batch reads them
+    path = mirrors.mirror_path(settings, "widgets")
+    middle = {r[0] for r in spark.read.format("delta").load(str(path)).where("id BETWEEN 1000 AND 1010")
+              .select("_metadata.file_path").collect()}
+    assert len(middle) == 1
+    Path(urlparse(middle.pop()).path).unlink()
+    apply(batch(spark, [event("u", 1, 100, 101, "one", "2.00"), event("u", 5005, 100, 102, "five", "2.00"),
+                        event("d", 5006, 100, 103)], offset + 1), 4)
+    metrics = last_commit_info(str(path))["operationMetrics"]
+    assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsDeleted"]) == ("2", "1")
