@@ -98,7 +98,7 @@ TOMBSTONE_COLUMNS = ["_commit_lsn", "_lsn", "_source_ts", "_applied_at"]
 
 
 def still_applicable(changes: DataFrame, keys: list[str], truncated_at: tuple[int, int] | None,
-                     tombstones: DataFrame | None, ranges: list[tuple] | None = None) -> DataFrame:
+                     tombstones: DataFrame | None, ranges: list[tuple[Column, Column]] | None = None) -> DataFrame:
     """Step 1: the changes (not truncates) newer than the latest truncate and than their
     key's tombstone. A delete equal to its own tombstone stays (its replay is harmless).
     `ranges` (key_ranges of `changes`) spare reading the tombstones of other keys."""
@@ -156,19 +156,22 @@ _SPLIT = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _ORDERED = _SPLIT + (T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType, T.DecimalType)
 
 
-def key_ranges(changes: DataFrame, keys: list[str]) -> list[tuple] | None:
-    """The batch's values of the first key column as closed ranges [low, high], at most
-    KEY_RANGES, covering every one of them; None when that column's type has no order
-    Delta keeps statistics for (then no file is skipped). One Spark job."""
+def key_ranges(changes: DataFrame, keys: list[str]) -> list[tuple[Column, Column]] | None:
+    """The batch's values of the first key column as closed ranges [low, high] (literals),
+    at most KEY_RANGES, covering every one of them; None when that column's type has no
+    order Delta keeps statistics for (then no file is skipped). One Spark job."""
     first = changes.schema[keys[0]].dataType
     column = F.col(quoted(keys[0]))
     if not isinstance(first, _ORDERED):
         return None
     present = changes.where(column.isNotNull())
     if isinstance(first, _SPLIT):
-        return cover(present.agg(F.array_sort(F.collect_set(column))).first()[0], KEY_RANGES)
-    low, high = present.agg(F.min(column), F.max(column)).first()
-    return [] if low is None else [(low, high)]
+        values = present.agg(F.array_sort(F.collect_set(column))).first()[0]
+        return [(F.lit(low).cast(first), F.lit(high).cast(first)) for low, high in cover(values, KEY_RANGES)]
+    # Through their text and back, in the session's time zone both ways: a timestamp
+    # handed to Python and back would pass through the Python process' local time zone.
+    low, high = present.agg(F.min(column).cast("string"), F.max(column).cast("string")).first()
+    return [] if low is None else [(F.lit(low).cast(first), F.lit(high).cast(first))]
 
 
 def cover(values: list[int], most: int) -> list[tuple[int, int]]:
@@ -182,9 +185,9 @@ def cover(values: list[int], most: int) -> list[tuple[int, int]]:
     return [(values[start], values[end - 1]) for start, end in zip(starts, ends)]
 
 
-def in_ranges(column: Column, ranges: list[tuple]) -> Column:
+def in_ranges(column: Column, ranges: list[tuple[Column, Column]]) -> Column:
     """`column` within one of `ranges` (false for none)."""
-    within = [column.between(F.lit(low), F.lit(high)) for low, high in ranges]
+    within = [column.between(low, high) for low, high in ranges]
     condition = within[0] if within else F.lit(False)
     for other in within[1:]:
         condition = condition | other
@@ -192,7 +195,8 @@ def in_ranges(column: Column, ranges: list[tuple]) -> Column:
 
 
 def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
-                  truncated_at: tuple[int, int] | None = None, ranges: list[tuple] | None = None) -> DeltaMergeBuilder:
+                  truncated_at: tuple[int, int] | None = None,
+                  ranges: list[tuple[Column, Column]] | None = None) -> DeltaMergeBuilder:
     """Step 3: the MERGE of `latest` (one change per key, from latest_per_key) into `target`,
     for the batch's commit to execute (sync/delta/commit.py `merge`); `truncated_at` is the
     position of the batch's latest truncate of this table, if it has one; `ranges`, from

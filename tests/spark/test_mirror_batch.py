@@ -570,3 +570,42 @@ def test_a_merge_reads_only_the_files_its_keys_can_be_in(spark, settings):
                         event("d", 5006, 100, 103)], offset + 1), 4)
     metrics = last_commit_info(str(path))["operationMetrics"]
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsDeleted"]) == ("2", "1")
+
+
+def test_a_key_of_another_ordered_type_gets_one_range_in_the_sessions_time_zone(spark, settings, monkeypatch):
+    """A `timestamp` (without time zone) key: its range, least to greatest, goes to the
+    condition through its text in Spark's time zone, not through this process' local one
+    (here not UTC, which would shift it by hours), so the MERGE still finds every row the
+    batch changes."""
+    import time
+
+    stamp = {"type": "int64", "optional": False, "name": "io.debezium.time.MicroTimestamp", "field": "at"}
+    row = {"type": "struct", "fields": [stamp, {"type": "string", "optional": True, "field": "name"}],
+           "optional": True}
+    schema = {"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"},
+                                           {"type": "struct", "field": "source", "fields": []},
+                                           {"type": "string", "field": "op"}]}
+
+    def change(op, at, lsn, name=None):
+        value = {"schema": schema, "payload": {
+            "before": {"at": at} if op == "d" else None, "after": None if op == "d" else {"at": at, "name": name},
+            "op": op, "source": {"sequence": json.dumps([str(lsn), str(lsn)]), "lsn": lsn, "txId": lsn,
+                                 "ts_us": 1711848600123456}}}
+        key = {"schema": {"type": "struct", "fields": [stamp], "optional": False}, "payload": {"at": at}}
+        return json.dumps(key).encode(), json.dumps(value).encode()
+
+    # 2024-03-31 01:30:00.000001, 2024-06-01 00:00:00, 2025-01-01 12:00:00.5
+    times = [1711848600000001, 1717200000000000, 1735732800500000]
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        apply = new_batch(spark, settings)
+        apply(batch(spark, [change("c", at, 10 + n, f"n{n}") for n, at in enumerate(times)]), 0)
+        apply(batch(spark, [change("u", times[0], 20, "changed"), change("d", times[2], 21)], 3), 1)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    path = str(mirrors.mirror_path(settings, "widgets"))
+    rows = {r["at"]: r["name"] for r in spark.read.format("delta").load(path)
+            .selectExpr("CAST(at AS string) AS at", "name").collect()}
+    assert rows == {"2024-03-31 01:30:00.000001": "changed", "2024-06-01 00:00:00": "n1"}
