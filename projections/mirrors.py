@@ -37,7 +37,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes, is_keyless
-from sync.cdc.ordering import newer_than_literal, parse_sequence
+from sync.cdc.ordering import Position, newer_than_literal, parse_sequence
 from sync.cdc.types import ColumnType, columns, key_columns, quoted, table_columns
 from sync.config import (CONTROL_SCHEMA, DEFAULT_SCHEMA, EVENTS_TOPIC_PREFIX, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings,
                          pg_quoted)
@@ -46,7 +46,7 @@ from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
 from sync.delta.keychanges import SAVED_DDL, fill_moved_values, is_key_change, rows_moved_away
-from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, inserts, key_ranges, last_commit_info,
+from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, extent, inserts, last_commit_info,
                               latest_per_key, merge_changes, never_written, rows_added, still_applicable,
                               table_properties, tombstones_of)
 from sync.delta.multiset import additions, copies_removed, merge_multiset, signed_rows
@@ -182,7 +182,8 @@ class MirrorBatch(Batch):
          holding both kinds of change (a key added or dropped) applies each kind in
          turn, in source order.
          Each Delta write is its own idempotent commit (txnAppId `mirrors:<table>`,
-         `mirrors:<table>:keyless`, `mirrors:<table>:tombstones`).
+         `mirrors:<table>:keyless`, `mirrors:<table>:moved`); the tombstones are appended
+         at least once (userMetadata `mirrors:<table>:tombstones`): a copy changes nothing.
       3. Append what was set aside to the dead letters (txnAppId `mirrors:dead_letters`).
     A crash anywhere replays the whole batch, and every write of the replay is skipped
     or changes nothing.
@@ -192,6 +193,8 @@ class MirrorBatch(Batch):
         super().__init__(NAME, settings, fence)
         self.after_resnapshot = at_or_after(start_offsets(settings))
         self.tombstone_tables: set[str] = set()  # created in this run (or found), not checked again
+        # Per mirror: no tombstone is after this position (None: it has none); `_tombstones_after`.
+        self.newest_tombstones: dict[str, Position | None] = {}
         self.finished_lock = threading.Lock()  # guards the count of tables done in a batch
 
     def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome:
@@ -347,17 +350,19 @@ class MirrorBatch(Batch):
             applied = self._apply_multiset(commit, table, target, good, truncated_at, steps)
             finish_backfill(spark, table.path, table.columns, recorded)
             return applied
+        # The target's and the tombstones' files read: those the batch's keys can be in.
+        # (Before the key changes' fill, which changes no key or position.)
+        span = extent(good, keys)
+        steps.done("key_ranges")
         tombstones = str(tombstone_path(self.settings, table.name))
-        known_dead = (spark.read.format("delta").load(tombstones)
-                      if DeltaTable.isDeltaTable(spark, tombstones) else None)
+        known_dead = self._tombstones_after(spark, table.name, span.oldest)
         if table.moves or table.moved_away:
             good = self._key_changes(commit, table, good, known_dead)
             steps.done("key_changes")
-        ranges = key_ranges(good, keys)  # the target's and the tombstones' files read: those these keys can be in
-        steps.done("key_ranges")
         # Computed once and checkpointed (see `records`): MERGE reads its source twice and
         # the tombstones once more.
-        latest = latest_per_key(still_applicable(good, keys, truncated_at, known_dead, ranges), keys).localCheckpoint()
+        latest = latest_per_key(still_applicable(good, keys, truncated_at, known_dead, span.ranges),
+                                keys).localCheckpoint()
         steps.done("latest_per_key")
         if never_written(table.path):
             # Nothing to match (a new table, every table of a rebuild): an append inserts what
@@ -366,7 +371,7 @@ class MirrorBatch(Batch):
             commit.append(inserts(target, latest), table.path, table.name)
             metrics = {"num_affected_rows": rows_added(table.path)}
         else:
-            metrics = commit.merge(merge_changes(target, latest, keys, table.truncated_at, ranges),
+            metrics = commit.merge(merge_changes(target, latest, keys, table.truncated_at, span.ranges),
                                    table.path, table.name)
         steps.done("merge")
         if table.deletes:
@@ -375,7 +380,10 @@ class MirrorBatch(Batch):
                                     if f.name in keys or f.name in TOMBSTONE_COLUMNS)
                 ensure_table(spark, tombstones, key_ddl, {**COLUMN_MAPPING, **self.fence.properties})
                 self.tombstone_tables.add(tombstones)
-            commit.append(tombstones_of(latest, keys), tombstones, f"{table.name}:tombstones")
+            # At least once: a replay's second copy of a tombstone changes no key's latest deletion.
+            commit.append(tombstones_of(latest, keys), tombstones, f"{table.name}:tombstones", exactly_once=False)
+            self.newest_tombstones[table.name] = max(
+                (p for p in (self.newest_tombstones[table.name], span.newest) if p is not None), default=None)
         self._sweep_tombstones(spark, table.name)
         finish_backfill(spark, table.path, table.columns, recorded)
         steps.done("tombstones")
@@ -396,6 +404,23 @@ class MirrorBatch(Batch):
             applied = int(commit.merge(merge, table.path, name).get("num_affected_rows", 0))
         steps.done("merge")
         return applied
+
+    def _tombstones_after(self, spark: SparkSession, name: str, oldest: Position | None) -> DataFrame | None:
+        """The table's tombstones, or None when none is at or after `oldest`, the batch's
+        oldest change: then no change of the batch is older than its key's deletion, nor
+        at a key change's deleted old key (sync/delta/keychanges.py). So a live stream,
+        whose changes come after every delete before them, reads no tombstones; a
+        redelivery of older changes does. The newest tombstone's position is read once per
+        run and table, then raised to the newest change of each batch that appends some."""
+        path = str(tombstone_path(self.settings, name))
+        if name not in self.newest_tombstones:
+            newest = (spark.read.format("delta").load(path).agg(F.max(F.struct("_commit_lsn", "_lsn"))).first()[0]
+                      if DeltaTable.isDeltaTable(spark, path) else None)
+            self.newest_tombstones[name] = tuple(newest) if newest is not None else None
+        newest = self.newest_tombstones[name]
+        if newest is None or (oldest is not None and oldest > newest):
+            return None
+        return spark.read.format("delta").load(path)
 
     def _key_changes(self, commit: BatchCommit, table: "TablePlan", good: DataFrame,
                      known_dead: DataFrame | None) -> DataFrame:

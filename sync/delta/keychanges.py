@@ -70,7 +70,9 @@ def fill_moved_values(spark: SparkSession, changes: DataFrame, keys: list[str], 
             tombstones.select(F.struct(*columns(keys)).alias("old_key"), *POSITION))
     # At the creates' positions only, once: the tombstones are read once, not every round.
     creates_at = changes.where(MISSING_VALUES).select(*POSITION)
-    old_key_at = old_key_at.join(creates_at, POSITION, "left_semi").localCheckpoint()
+    # (Distinct: a delete may be both in the batch and, from a replay, a tombstone, and
+    # a tombstone appended twice; sync/delta/commit.py.)
+    old_key_at = old_key_at.join(creates_at, POSITION, "left_semi").distinct().localCheckpoint()
     mirror = spark.read.format("delta").load(path) if DeltaTable.isDeltaTable(spark, path) else None
     missing_before = None
     for _ in range(MAX_ROUNDS):  # steps 2 and 3, a round per step of a chain

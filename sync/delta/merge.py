@@ -12,12 +12,15 @@
 4. Record the batch's deletes as tombstones (key and source position) in a side table,
    so the table itself holds only live rows and readers need no filter. Appended, not
    merged (a key's latest tombstone is its highest position; an append costs a tenth
-   of a MERGE here). Tombstones are removed after a horizon (LAKESYNC_TOMBSTONE_HOURS)
-   longer than the time Kafka keeps a deleted key's older records in a compacted topic
+   of a MERGE here), at least once (a replay's copy of a tombstone changes nothing).
+   Step 1 reads them only for a batch holding a change older than the newest one (a
+   redelivery): a live stream's changes come after every delete before them.
+   Tombstones are removed after a horizon (LAKESYNC_TOMBSTONE_HOURS) longer than the
+   time Kafka keeps a deleted key's older records in a compacted topic
    (delete.retention.ms, 1 day).
 Delta skips a target file only by conjuncts of the merge condition on the target alone
 (its min/max statistics per file); the keys' equality is not one. So the condition also
-carries the batch's keys as a few ranges of the first key column (`key_ranges`): MERGE
+carries the batch's keys as a few ranges of the first key column (`extent`): MERGE
 then reads only the files whose key range meets one of them, the tombstones likewise.
 Recent rows change and old ones are deleted, so a batch's keys mostly fall in a few
 narrow ranges even in a large table. With a truncate in the batch
@@ -30,6 +33,7 @@ from __future__ import annotations
 import heapq
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from delta.tables import DeltaMergeBuilder, DeltaTable
@@ -38,7 +42,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sync.cdc.decode import PROVENANCE, UNCHANGED
-from sync.cdc.ordering import later, newer_than, newer_than_literal
+from sync.cdc.ordering import Position, later, newer_than, newer_than_literal
 from sync.cdc.types import columns, quoted
 
 DELETION_VECTORS = "delta.enableDeletionVectors"
@@ -101,7 +105,7 @@ def still_applicable(changes: DataFrame, keys: list[str], truncated_at: tuple[in
                      tombstones: DataFrame | None, ranges: list[tuple[Column, Column]] | None = None) -> DataFrame:
     """Step 1: the changes (not truncates) newer than the latest truncate and than their
     key's tombstone. A delete equal to its own tombstone stays (its replay is harmless).
-    `ranges` (key_ranges of `changes`) spare reading the tombstones of other keys."""
+    `ranges` (the `extent` of `changes`) spare reading the tombstones of other keys."""
     rows = changes.where("_op != 't'")
     if truncated_at is not None:
         rows = rows.where(newer_than_literal(truncated_at))
@@ -156,22 +160,37 @@ _SPLIT = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _ORDERED = _SPLIT + (T.StringType, T.DateType, T.TimestampType, T.TimestampNTZType, T.DecimalType)
 
 
-def key_ranges(changes: DataFrame, keys: list[str]) -> list[tuple[Column, Column]] | None:
-    """The batch's values of the first key column as closed ranges [low, high] (literals),
-    at most KEY_RANGES, covering every one of them; None when that column's type has no
-    order Delta keeps statistics for (then no file is skipped). One Spark job."""
+@dataclass(frozen=True)
+class Extent:
+    """What a batch's changes span (`extent`): the values of the first key column as
+    closed ranges [low, high] (literals), at most KEY_RANGES, covering every one of them,
+    or None when that column's type has no order Delta keeps statistics for (then no file
+    is skipped); and their oldest and newest source positions (None without changes)."""
+
+    ranges: list[tuple[Column, Column]] | None
+    oldest: Position | None
+    newest: Position | None
+
+
+def extent(changes: DataFrame, keys: list[str]) -> Extent:
+    """The `Extent` of `changes`, in one Spark job."""
     first = changes.schema[keys[0]].dataType
     column = F.col(quoted(keys[0]))
-    if not isinstance(first, _ORDERED):
-        return None
-    present = changes.where(column.isNotNull())
+    position = F.struct("_commit_lsn", "_lsn")
+    aggregates = [F.min(position).alias("oldest"), F.max(position).alias("newest")]
     if isinstance(first, _SPLIT):
-        values = present.agg(F.array_sort(F.collect_set(column))).first()[0]
-        return [(F.lit(low).cast(first), F.lit(high).cast(first)) for low, high in cover(values, KEY_RANGES)]
-    # Through their text and back, in the session's time zone both ways: a timestamp
-    # handed to Python and back would pass through the Python process' local time zone.
-    low, high = present.agg(F.min(column).cast("string"), F.max(column).cast("string")).first()
-    return [] if low is None else [(F.lit(low).cast(first), F.lit(high).cast(first))]
+        aggregates.append(F.array_sort(F.collect_set(column)).alias("values"))  # (nulls left out)
+    elif isinstance(first, _ORDERED):
+        # Through their text and back, in the session's time zone both ways: a timestamp
+        # handed to Python and back would pass through the Python process' local time zone.
+        aggregates += [F.min(column).cast("string").alias("low"), F.max(column).cast("string").alias("high")]
+    row = changes.agg(*aggregates).first()
+    ranges = None
+    if isinstance(first, _SPLIT):
+        ranges = [(F.lit(low).cast(first), F.lit(high).cast(first)) for low, high in cover(row["values"], KEY_RANGES)]
+    elif isinstance(first, _ORDERED):
+        ranges = [] if row["low"] is None else [(F.lit(row["low"]).cast(first), F.lit(row["high"]).cast(first))]
+    return Extent(ranges, *[tuple(row[end]) if row[end] is not None else None for end in ("oldest", "newest")])
 
 
 def cover(values: list[int], most: int) -> list[tuple[int, int]]:
@@ -200,7 +219,7 @@ def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
     """Step 3: the MERGE of `latest` (one change per key, from latest_per_key) into `target`,
     for the batch's commit to execute (sync/delta/commit.py `merge`); `truncated_at` is the
     position of the batch's latest truncate of this table, if it has one; `ranges`, from
-    key_ranges, cover every key of `latest` (the target files outside them are skipped)."""
+    `extent`, cover every key of `latest` (the target files outside them are skipped)."""
     on = F.expr(" AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys))
     if ranges is not None and truncated_at is None:
         on = on & in_ranges(F.col(f"t.{quoted(keys[0])}"), ranges)

@@ -110,7 +110,8 @@ def test_a_zombie_runner_is_fenced(stack, app_db, products, synced):
 
 
 def test_concurrent_projections_commit_with_their_own_transaction_ids(stack, app_db, synced):
-    """Two queries in one driver: every data commit carries its own projection's txnAppId."""
+    """Two queries in one driver: every data commit carries its own projection's txnAppId,
+    and its app id in userMetadata; the tombstones, appended at least once, the latter only."""
     app_db.execute("INSERT INTO customers (id, name, email, tier) SELECT g, 'x', 'txn' || g, 'gold' "
                    "FROM generate_series(850000, 850049) g")
     app_db.execute("DELETE FROM customers WHERE id BETWEEN 850000 AND 850009")
@@ -122,10 +123,12 @@ def test_concurrent_projections_commit_with_their_own_transaction_ids(stack, app
         data_commits = 0
         for commit in sorted(Path(table, "_delta_log").glob("*.json")):
             actions = [json.loads(line) for line in commit.read_text().splitlines()]
-            operation = next(a["commitInfo"]["operation"] for a in actions if "commitInfo" in a)
-            if operation in ("MERGE", "WRITE"):
+            info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+            if info["operation"] in ("MERGE", "WRITE"):
                 txns = [a["txn"]["appId"] for a in actions if "txn" in a]
-                assert txns == [app_id], f"{commit}: {operation} with {txns}, expected {app_id}"
+                expected_txns = [] if app_id.endswith(":tombstones") else [app_id]
+                assert txns == expected_txns, f"{commit}: {info['operation']} with {txns}, expected {expected_txns}"
+                assert json.loads(info["userMetadata"])["app_id"] == app_id, f"{commit}: {info['userMetadata']}"
                 data_commits += 1
         assert data_commits > 0, f"no data commit in {table}"
 

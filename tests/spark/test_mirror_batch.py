@@ -187,6 +187,19 @@ def test_an_older_change_redelivered_after_a_delete_stays_deleted(spark, setting
     assert mirror(spark, settings)[1]["name"] == "inserted again, newer"
 
 
+def test_an_older_change_redelivered_to_a_new_run_stays_deleted(spark, settings):
+    """A live batch reads no tombstones when its changes all come after the newest one,
+    which a new run reads from the table: a redelivered older change still stays out."""
+    apply = new_batch(spark, settings)
+    apply(batch(spark, [event("c", 1, 10, 11, "a"), event("c", 2, 10, 12, "b")]), 0)
+    apply(batch(spark, [event("d", 1, 20, 21)], 2), 1)
+    restarted = new_batch(spark, settings)
+    restarted(batch(spark, [event("u", 2, 30, 31, "newer")], 3), 2)
+    restarted(batch(spark, [event("u", 1, 15, 16, "redelivered, older than the delete"),
+                            event("u", 2, 40, 41, "newest")], 4), 3)
+    assert {key: row["name"] for key, row in mirror(spark, settings).items()} == {2: "newest"}
+
+
 def test_a_change_older_than_a_truncate_in_an_earlier_batch_stays_out(spark, settings):
     apply = new_batch(spark, settings)
     apply(batch(spark, [event("c", 1, 10, 11, "a")]), 0)
@@ -550,9 +563,10 @@ def test_a_dropped_table_created_again_starts_from_no_rows(spark, settings):
 
 def test_a_merge_reads_only_the_files_its_keys_can_be_in(spark, settings):
     """The MERGE's condition carries the batch's keys as ranges (sync/delta/merge.py
-    `key_ranges`), so Delta skips every file whose keys lie outside them: here the file
-    of keys 1000-1010 is removed from disk, and a batch changing keys 1 and 5005 (and
-    deleting 5006, which reads the tombstones) applies without opening it."""
+    `extent`), so Delta skips every file whose keys lie outside them: here the file
+    of keys 1000-1010 is removed from disk, and a batch changing keys 1 and 5005,
+    deleting 5006 and redelivering a change of 5010 older than its delete (which reads
+    the tombstones) applies without opening it."""
     from sync.delta.merge import last_commit_info
 
     apply, offset = new_batch(spark, settings), 0
@@ -567,7 +581,8 @@ def test_a_merge_reads_only_the_files_its_keys_can_be_in(spark, settings):
     assert len(middle) == 1
     Path(urlparse(middle.pop()).path).unlink()
     apply(batch(spark, [event("u", 1, 100, 101, "one", "2.00"), event("u", 5005, 100, 102, "five", "2.00"),
-                        event("d", 5006, 100, 103)], offset + 1), 4)
+                        event("d", 5006, 100, 103), event("u", 5010, 15, 15, "older than its delete", "9.00")],
+                offset + 1), 4)
     metrics = last_commit_info(str(path))["operationMetrics"]
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsDeleted"]) == ("2", "1")
 
