@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -10,20 +12,38 @@ from sync.config import Settings
 from sync.delta.commit import BatchCommit
 
 
+@dataclass(frozen=True)
+class Contents:
+    """What a batch holds, from the one aggregate the projection runs over it anyway: the
+    source tables it has changes of (`customers`, ...), whether it has ledger entries,
+    and its latest source position. A view whose inputs the batch does not hold skips
+    its step without running a Spark job to find that out."""
+
+    tables: frozenset[str]
+    entries: bool
+    high: tuple[int | None, int | None] | None  # (commit LSN, LSN) of its latest change; None without changes
+
+
 class Context:
     """What one batch hands each view: the session, the batch's commit, its changes and
-    entries, and the mirrors and views as they stand (read fresh at each call).
+    entries, what it holds (`contents`), and the mirrors and views as they stand (read
+    fresh at each call).
 
     Every view is a module with `NAME`, `path`, `targets` and `ensure`; the views
     projection (projection.py) runs their steps in its order, each committing through
     `commit` with txnAppId `views:<NAME>`."""
 
-    def __init__(self, commit: BatchCommit, settings: Settings, changes: DataFrame, entries: DataFrame):
+    def __init__(self, commit: BatchCommit, settings: Settings, changes: DataFrame, entries: DataFrame,
+                 contents: Contents):
         self.commit, self.spark, self.settings = commit, commit.spark, settings
-        self.changes, self.entries = changes, entries
+        self.changes, self.entries, self.contents = changes, entries, contents
         self.history_changed: DataFrame | None = None   # set by customer_history: id, first new position
         self.orders_changed: DataFrame | None = None    # set by order_docs: customer ids old and new
         self.docs_after: DataFrame | None = None        # set by order_docs: documents once written
+
+    def holds(self, *tables: str) -> bool:
+        """Whether the batch has changes of any of `tables`."""
+        return not self.contents.tables.isdisjoint(tables)
 
     def changes_of(self, table: str) -> DataFrame:
         return self.changes.where(F.col("table") == f"public.{table}")

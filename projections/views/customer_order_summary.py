@@ -54,6 +54,8 @@ def ensure(spark: SparkSession, settings: Settings, fence: Fence) -> None:
 
 
 def apply(context: Context) -> int:
+    if not context.holds("customers") and context.orders_changed is None:
+        return 0  # no customer's orders or attributes changed
     spark = context.spark
     changed = (context.changes_of("customers")
                .select(F.get_json_object("key", "$.id").cast("bigint").alias("customer_id")))

@@ -88,6 +88,8 @@ def _accounts(context: Context) -> DataFrame:
 
 
 def apply(context: Context) -> int:
+    if not (context.contents.entries or context.history_changed is not None or context.holds("accounts")):
+        return 0  # no entry is new or re-enriched
     spark = context.spark
     ledger = context.view(ledger_path(context.settings))
     accounts = _accounts(context)

@@ -119,14 +119,15 @@ def touched(context: Context, docs: DataFrame, orders: DataFrame) -> DataFrame:
     position = F.struct("_commit_lsn", "_lsn")
     by_order = context.changes_of("orders").select(key("id").alias("order_id"), position.alias("at"))
     by_line = context.changes_of("order_items").select(key("order_id").alias("order_id"), position.alias("at"))
-    customers = context.changes_of("customers").select(key("id").alias("customer_id"))
-    # A customer's orders now (mirror) and as the documents last embedded them.
-    owners = (orders.select(F.col("id").alias("order_id"), "customer_id")
-              .unionByName(docs.where("NOT deleted").select("order_id", F.col("customer.id").alias("customer_id"))))
-    by_customer = (customers.join(owners, "customer_id")
-                   .select("order_id", F.lit(None).cast(by_order.schema["at"].dataType).alias("at")))
-    return (by_order.unionByName(by_line).unionByName(by_customer)
-            .groupBy("order_id").agg(F.max("at").alias("changed_at")))
+    touching = by_order.unionByName(by_line)
+    if context.holds("customers"):  # (else no scan of the orders mirror and the documents for them)
+        customers = context.changes_of("customers").select(key("id").alias("customer_id"))
+        # A customer's orders now (mirror) and as the documents last embedded them.
+        owners = (orders.select(F.col("id").alias("order_id"), "customer_id")
+                  .unionByName(docs.where("NOT deleted").select("order_id", F.col("customer.id").alias("customer_id"))))
+        no_position = F.lit(None).cast(by_order.schema["at"].dataType).alias("at")
+        touching = touching.unionByName(customers.join(owners, "customer_id").select("order_id", no_position))
+    return touching.groupBy("order_id").agg(F.max("at").alias("changed_at"))
 
 
 def documents(affected: DataFrame, orders: DataFrame, customers: DataFrame, items: DataFrame,
@@ -187,16 +188,16 @@ def prepare(context: Context) -> DataFrame | None:
     commit before the documents do: once the documents are written, a replay of the
     batch could no longer tell which customer an order has just left."""
     docs = context.view(path(context.settings))
+    context.docs_after, context.orders_changed = docs, None
+    if not context.holds("orders", "order_items", "customers"):
+        return None
     orders = context.mirror("orders", ORDERS)
     affected = touched(context, docs, orders).localCheckpoint()
-    context.docs_after = docs
-    if affected.isEmpty():
-        context.orders_changed = None
+    if affected.isEmpty():  # (only customers without orders changed)
         return None
-    high = context.changes.agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("high")).first()["high"]
     fresh = documents(affected, orders.join(affected.select(F.col("order_id").alias("id")), "id"),
                       context.mirror("customers", CUSTOMERS), context.mirror("order_items", ITEMS),
-                      docs.join(affected.select("order_id"), "order_id"), tuple(high)).localCheckpoint()
+                      docs.join(affected.select("order_id"), "order_id"), context.contents.high).localCheckpoint()
     context.orders_changed = (docs.join(affected.select("order_id"), "order_id")
                               .select(F.col("customer.id").alias("customer_id"))
                               .unionByName(fresh.select(F.col("customer.id").alias("customer_id")))
@@ -223,7 +224,7 @@ def push(url: str, docs: DataFrame) -> dict:
     A node that is briefly unreachable is retried; then the batch fails and replays."""
     actions = [{"id": row["order_id"], "version": row["doc_version"], "deleted": row["deleted"],
                 "source": {**{k: row[k] for k in COMPARED}, "doc_version_lsn": row["doc_version_lsn"]}}
-               for row in (r.asDict(recursive=True) for r in docs.toLocalIterator())]
+               for row in (r.asDict(recursive=True) for r in docs.collect())]  # one job (a batch's documents)
     search.ensure_index(url, INDEX, INDEX_MAPPINGS)
     for attempt in range(PUSH_ATTEMPTS):
         try:

@@ -50,7 +50,7 @@ from projections.changelog import changelog_path
 from projections.ledger import ledger_path
 from projections.mirrors import NAME as MIRRORS
 from projections.views import customer_history, customer_order_summary, ledger_enriched, order_docs
-from projections.views.context import Context
+from projections.views.context import Contents, Context
 from sync import search
 from sync.compare import Report
 from sync.config import Settings
@@ -132,8 +132,16 @@ class ViewsBatch(Batch):
     def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome | None:
         records = batch.localCheckpoint(eager=True)
         changes = records.where("kind = 'change'")
-        reach = changes.groupBy("_topic", "_partition").agg(F.max("_offset").alias("last")).collect()
-        if not reach and records.where("kind = 'entry'").isEmpty():
+        # One job for what the batch holds: the Kafka offsets its changes came from (step 1),
+        # the tables they are of, whether it has entries, its latest position (`Contents`).
+        groups = (records.groupBy("kind", "table", "_topic", "_partition")
+                  .agg(F.max("_offset").alias("last"), F.max(F.struct("_commit_lsn", "_lsn")).alias("high"))
+                  .collect())
+        reach = [g for g in groups if g["kind"] == "change"]
+        contents = Contents(tables=frozenset(g["table"].removeprefix("public.") for g in reach),
+                            entries=any(g["kind"] == "entry" for g in groups),
+                            high=max((tuple(g["high"]) for g in reach), key=_spark_order, default=None))
+        if not reach and not contents.entries:
             return None  # a metadata-only version of an input (a fencing stamp): nothing to do
         steps.done("read")
         self._wait_for_mirrors({(r["_topic"], r["_partition"]): r["last"] + 1 for r in reach})
@@ -141,7 +149,7 @@ class ViewsBatch(Batch):
         entries = records.where("kind = 'entry'").select("event_id", "account", "_commit_lsn", "_lsn")
 
         def customers_chain(chain: BatchCommit) -> tuple[dict, Steps]:  # steps 2-3
-            context, chain_steps = Context(chain, self.settings, changes, entries), Steps()
+            context, chain_steps = Context(chain, self.settings, changes, entries, contents), Steps()
             applied = {customer_history: customer_history.apply(context)}
             chain_steps.done(customer_history.NAME)
             applied[ledger_enriched] = ledger_enriched.apply(context)
@@ -149,7 +157,7 @@ class ViewsBatch(Batch):
             return applied, chain_steps
 
         def orders_chain(chain: BatchCommit) -> tuple[dict, Steps]:  # steps 4-6
-            context, chain_steps = Context(chain, self.settings, changes, entries), Steps()
+            context, chain_steps = Context(chain, self.settings, changes, entries, contents), Steps()
             documents = order_docs.prepare(context)
             chain_steps.done("order_docs_prepare")
             applied = {customer_order_summary: customer_order_summary.apply(context)}
@@ -179,3 +187,9 @@ class ViewsBatch(Batch):
                                     f"{MIRROR_WAIT_SECONDS} s; the views wait for them")
             self.fence.check()
             time.sleep(0.25)
+
+
+def _spark_order(position: tuple[int | None, ...]) -> tuple:
+    """A sort key ordering source positions as Spark orders structs: field by field, a
+    null before any value."""
+    return tuple((value is not None, value or 0) for value in position)
