@@ -193,7 +193,7 @@ class MirrorBatch(Batch):
         super().__init__(NAME, settings, fence)
         self.after_resnapshot = at_or_after(start_offsets(settings))
         self.tombstone_tables: set[str] = set()  # created in this run (or found), not checked again
-        # Per mirror: no tombstone is after this position (None: it has none); `_tombstones_after`.
+        # Per tombstones table: none is after this position (None: it has none); `_tombstones_after`.
         self.newest_tombstones: dict[str, Position | None] = {}
         self.finished_lock = threading.Lock()  # guards the count of tables done in a batch
 
@@ -355,7 +355,7 @@ class MirrorBatch(Batch):
         span = extent(good, keys)
         steps.done("key_ranges")
         tombstones = str(tombstone_path(self.settings, table.name))
-        known_dead = self._tombstones_after(spark, table.name, span.oldest)
+        known_dead = self._tombstones_after(spark, tombstones, span.oldest)
         if table.moves or table.moved_away:
             good = self._key_changes(commit, table, good, known_dead)
             steps.done("key_changes")
@@ -382,8 +382,8 @@ class MirrorBatch(Batch):
                 self.tombstone_tables.add(tombstones)
             # At least once: a replay's second copy of a tombstone changes no key's latest deletion.
             commit.append(tombstones_of(latest, keys), tombstones, f"{table.name}:tombstones", exactly_once=False)
-            self.newest_tombstones[table.name] = max(
-                (p for p in (self.newest_tombstones[table.name], span.newest) if p is not None), default=None)
+            self.newest_tombstones[tombstones] = max(
+                (p for p in (self.newest_tombstones[tombstones], span.newest) if p is not None), default=None)
         self._sweep_tombstones(spark, table.name)
         finish_backfill(spark, table.path, table.columns, recorded)
         steps.done("tombstones")
@@ -405,19 +405,18 @@ class MirrorBatch(Batch):
         steps.done("merge")
         return applied
 
-    def _tombstones_after(self, spark: SparkSession, name: str, oldest: Position | None) -> DataFrame | None:
-        """The table's tombstones, or None when none is at or after `oldest`, the batch's
+    def _tombstones_after(self, spark: SparkSession, path: str, oldest: Position | None) -> DataFrame | None:
+        """The tombstones at `path`, or None when none is at or after `oldest`, the batch's
         oldest change: then no change of the batch is older than its key's deletion, nor
         at a key change's deleted old key (sync/delta/keychanges.py). So a live stream,
         whose changes come after every delete before them, reads no tombstones; a
         redelivery of older changes does. The newest tombstone's position is read once per
         run and table, then raised to the newest change of each batch that appends some."""
-        path = str(tombstone_path(self.settings, name))
-        if name not in self.newest_tombstones:
+        if path not in self.newest_tombstones:
             newest = (spark.read.format("delta").load(path).agg(F.max(F.struct("_commit_lsn", "_lsn"))).first()[0]
                       if DeltaTable.isDeltaTable(spark, path) else None)
-            self.newest_tombstones[name] = tuple(newest) if newest is not None else None
-        newest = self.newest_tombstones[name]
+            self.newest_tombstones[path] = tuple(newest) if newest is not None else None
+        newest = self.newest_tombstones[path]
         if newest is None or (oldest is not None and oldest > newest):
             return None
         return spark.read.format("delta").load(path)
