@@ -52,6 +52,7 @@ from projections.mirrors import NAME as MIRRORS
 from projections.views import customer_history, customer_order_summary, ledger_enriched, order_docs
 from projections.views.context import Contents, Context
 from sync import search
+from sync.cdc.ordering import spark_order
 from sync.compare import Report
 from sync.config import Settings
 from sync.delta import catalog
@@ -140,7 +141,7 @@ class ViewsBatch(Batch):
         reach = [g for g in groups if g["kind"] == "change"]
         contents = Contents(tables=frozenset(g["table"].removeprefix("public.") for g in reach),
                             entries=any(g["kind"] == "entry" for g in groups),
-                            high=max((tuple(g["high"]) for g in reach), key=_spark_order, default=None))
+                            high=max((tuple(g["high"]) for g in reach), key=spark_order, default=None))
         if not reach and not contents.entries:
             return None  # a metadata-only version of an input (a fencing stamp): nothing to do
         steps.done("read")
@@ -187,9 +188,3 @@ class ViewsBatch(Batch):
                                     f"{MIRROR_WAIT_SECONDS} s; the views wait for them")
             self.fence.check()
             time.sleep(0.25)
-
-
-def _spark_order(position: tuple[int | None, ...]) -> tuple:
-    """A sort key ordering source positions as Spark orders structs: field by field, a
-    null before any value."""
-    return tuple((value is not None, value or 0) for value in position)

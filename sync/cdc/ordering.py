@@ -31,6 +31,12 @@ def parse_sequence(sequence: str | None) -> Position | None:
         return None
 
 
+def spark_order(position: tuple[int | None, ...]) -> tuple:
+    """A sort key that orders positions as Spark orders the struct of their fields (as
+    `max` of a struct column does): field by field, a null before any value."""
+    return tuple((value is not None, value or 0) for value in position)
+
+
 def position_columns(sequence: Column) -> tuple[Column, Column]:
     """The Spark twin of parse_sequence: (commit LSN, change LSN) as bigint columns."""
     parts = F.from_json(sequence, "array<string>")

@@ -1,6 +1,6 @@
 """Source positions order changes; wall-clock time never does."""
 
-from sync.cdc.ordering import newer_than, newer_than_literal, parse_sequence
+from sync.cdc.ordering import newer_than, newer_than_literal, parse_sequence, spark_order
 
 
 def test_parse_sequence():
@@ -29,3 +29,9 @@ def test_newer_than_predicate_is_explicit_for_pruning():
     assert predicate == ("(s._commit_lsn > t._commit_lsn OR "
                          "(s._commit_lsn = t._commit_lsn AND s._lsn > t._lsn))")
     assert newer_than_literal((5, 7), side="t") == "(t._commit_lsn > 5 OR (t._commit_lsn = 5 AND t._lsn > 7))"
+
+
+def test_positions_sort_as_spark_orders_structs_nulls_first():
+    positions = [(5, 7), (None, 9), (5, None), (4, 100), (None, None)]
+    assert sorted(positions, key=spark_order) == [(None, None), (None, 9), (4, 100), (5, None), (5, 7)]
+    assert max(positions, key=spark_order) == (5, 7)
