@@ -32,7 +32,9 @@ Apply:  per batch, in order (each step commits on its own, tagged txnAppId
         it needs: step 3 takes the new versions from the batch itself, not from what the
         history did not hold yet; step 5 commits before step 6, so the customer an order
         has just left is still in the documents.
-        Only the affected keys are recomputed; no step scans its whole view.
+        Only the affected keys are recomputed; no step scans its whole view, and a step
+        whose inputs the batch does not hold (context.py `Contents`, from step 1's
+        aggregate) is skipped.
 Oracle: each view's defining SQL on Postgres (order_docs, customer_order_summary, and
         the current versions of customer_history); the enriched ledger is recomputed in
         batch over the ledger and the whole history at rest ("streaming equals batch").
