@@ -122,7 +122,9 @@ class Changelog(Projection):
             if not names or image is None:
                 return None
             row = json.loads(image)
-            return json.dumps({name: row.get(name) for name in names})
+            # Written as get_json_object writes a keyed change's key (compact, UTF-8), so a
+            # key's changes from before and after its table gained the key group together.
+            return json.dumps({name: row.get(name) for name in names}, separators=(",", ":"), ensure_ascii=False)
         # Split, not coalesced: Spark runs a Python function on every row of its input.
         rekeyed = (log.where(F.col("key").isNull() & F.col("table").isin(sorted(key_columns) or [""]))
                    .withColumn("key", key_in_image("table", F.coalesce("after", "before"))))
