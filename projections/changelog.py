@@ -16,7 +16,8 @@ Oracle: no Postgres query gives history; `check` proves the changelog complete a
         free of duplicates instead: each Kafka position appears once, and replaying it
         (latest op per key, after the table's latest truncate or drop) leaves exactly the keys
         Postgres holds now. A change made while its table had no primary key (pgbench -i
-        adds its keys after loading) counts under the key its row image holds.
+        adds its keys after loading) counts under the key its row image holds, one made
+        before a key column was renamed under the column's name now.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from projections.mirrors import TOPICS, table_keys
+from sync.cdc.columns import earlier_names, read_history
 from sync.cdc.decode import is_keyless
 from sync.cdc.ordering import position_columns
 from sync.compare import Report, compare
@@ -128,7 +130,19 @@ class Changelog(Projection):
         # Split, not coalesced: Spark runs a Python function on every row of its input.
         rekeyed = (log.where(F.col("key").isNull() & F.col("table").isin(sorted(key_columns) or [""]))
                    .withColumn("key", key_in_image("table", F.coalesce("after", "before"))))
-        keyed = log.where(F.col("key").isNotNull()).unionByName(rekeyed)
+        keyed = log.where(F.col("key").isNotNull())
+        renamed = _key_renames(settings, key_columns)
+        if renamed:
+            @F.udf("string", useArrow=False)
+            def key_renamed(table, key):
+                """The key's JSON (as get_json_object writes it) with its columns' names now."""
+                for old, new in renamed[table].items():
+                    key = key.replace(_json_name(old), _json_name(new))
+                return key
+            tables = F.col("table").isin(sorted(renamed))
+            keyed = (keyed.where(~tables)
+                     .unionByName(keyed.where(tables).withColumn("key", key_renamed("table", "key"))))
+        keyed = keyed.unionByName(rekeyed)
         position = F.struct("_commit_lsn", "_lsn", "_offset")
         # A drop of the table (mirrors.DROPS_TOPIC) ends its rows like a truncate.
         dropped = F.concat_ws(".", F.get_json_object("after", "$.schema_name"), F.get_json_object("after", "$.table_name"))
@@ -154,6 +168,24 @@ class Changelog(Projection):
 
 
 PROJECTION = Changelog()
+
+
+def _key_renames(settings: Settings, key_columns: dict[str, list[str]]) -> dict[str, dict[str, str]]:
+    """Per table whose key columns were renamed (sync/cdc/columns.py): each earlier name of
+    a key column, with the column's name now."""
+    renamed: dict[str, dict[str, str]] = {}
+    for (schema, table), changes in read_history(settings).items():
+        name = f"{schema}.{table}"
+        for column in key_columns.get(name, []):
+            for _, old in earlier_names(column, changes):
+                if old is not None:
+                    renamed.setdefault(name, {})[old] = column
+    return renamed
+
+
+def _json_name(name: str) -> str:
+    """A column's name as a key of a JSON object (compact, UTF-8), with its colon."""
+    return json.dumps(name, ensure_ascii=False) + ":"
 
 
 def _postgres_keys(conn, capture: CaptureSet) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:

@@ -5,7 +5,9 @@ Input:  the compacted topics lakesync.<schema>.<table> of every table the connec
         table created or captured while everything runs is picked up by the next batch),
         and lakesync.lakesync.table_drops: a DROP TABLE, taken as a truncate of that table
         at the drop's source position (migration 0006), so a table created again under
-        the same name starts from no rows.
+        the same name starts from no rows; and lakesync.lakesync.column_changes: a RENAME
+        or DROP COLUMN (migration 0009), followed at its source position, the records
+        before it read under the names they were written with (sync/cdc/columns.py).
 Key:    the table's primary key, from the Kafka record key's schema. A table without one
         is kept as a multiset of rows (sync/delta/multiset.py).
 Target: <lake>/mirrors/<name>, columns of the table plus the provenance columns; the
@@ -36,8 +38,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from sync.cdc import columns as column_changes
+from sync.cdc.columns import (COLUMNS_TOPIC, ColumnChange, current_columns, current_names, earlier_names, precedes,
+                              until)
 from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes, is_keyless
-from sync.cdc.ordering import Position, newer_than_literal, parse_sequence
+from sync.cdc.ordering import Position, newer_than_literal, parse_sequence, position_columns
 from sync.cdc.types import ColumnType, columns, key_columns, quoted, table_columns
 from sync.config import (CONTROL_SCHEMA, DEFAULT_SCHEMA, EVENTS_TOPIC_PREFIX, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings,
                          pg_quoted)
@@ -50,7 +55,8 @@ from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, exten
                               latest_per_key, merge_changes, never_written, rows_added, still_applicable,
                               table_properties, tombstones_of)
 from sync.delta.multiset import additions, copies_removed, merge_multiset, signed_rows
-from sync.delta.schema import COLUMN_MAPPING, IncompatibleChange, evolve, finish_backfill, sql_string
+from sync.delta.schema import (COLUMN_MAPPING, IncompatibleChange, column_changes_followed, column_changes_property,
+                               evolve, finish_backfill, follow_column_changes, sql_string)
 from sync.fault import crash_point
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
@@ -61,11 +67,12 @@ NAME = "mirrors"
 KIND = "mirror"
 DROPS_TOPIC = f"{TOPIC_PREFIX}.{TABLE_DROPS_TABLE}"
 # Every table topic the connector writes (prefix.schema.table), whatever the capture set:
-# not the control schema's (heartbeat, drops) nor the outbox events' (prefix.events.type),
-# two schemas LAKESYNC_CAPTURE refuses. A name with a dot has no topic of its own.
+# not the control schema's (but its drops and column changes) nor the outbox events'
+# (prefix.events.type), two schemas LAKESYNC_CAPTURE refuses. A name with a dot has no
+# topic of its own.
 TOPIC_PATTERN = ("(?:" + re.escape(f"{TOPIC_PREFIX}.")
                  + "(?!" + "|".join(re.escape(f"{s}.") for s in (CONTROL_SCHEMA, EVENTS_TOPIC_PREFIX.split(".")[1])) + ")"
-                 + r"[^.]+\.[^.]+|" + re.escape(DROPS_TOPIC) + ")")
+                 + r"[^.]+\.[^.]+|" + re.escape(DROPS_TOPIC) + "|" + re.escape(COLUMNS_TOPIC) + ")")
 TOPICS = KafkaTopics(TOPIC_PATTERN, headers=True)  # a key change's delete is marked by a header
 RECORDS_DDL = ("key binary, value binary, topic string, partition int, offset bigint, "
                "headers array<struct<key: string, value: binary>>")  # what the Kafka source hands a batch
@@ -171,13 +178,17 @@ class MirrorBatch(Batch):
 
     Steps, in order:
       1. Per topic in the batch, in one job: the table's columns, key and latest truncate
-         (or drop: a table dropped in the batch without records in it is planned too).
+         (or drop: a table dropped in the batch without records in it is planned too),
+         and the column history brought up to date (`_column_changes`: a table whose
+         column was renamed or dropped in the batch is planned too).
       2. Per table, up to `apply_threads` tables at once (each on a session of its own;
          crash point `between_tables` when the first is done):
-           a. decode its changes once, checkpointed for b and c;
+           a. decode its changes once, each record under the column names it was
+              written with, checkpointed for b and c;
            b. find the records that cannot be applied (undecodable, or repeating a
               source position);
-           c. evolve the schema, MERGE, record tombstones, finish a pending backfill.
+           c. follow the renamed and dropped columns, evolve the schema, MERGE, record
+              tombstones, finish a pending backfill.
          A table without a primary key takes a multiset MERGE in c instead; a batch
          holding both kinds of change (a key added or dropped) applies each kind in
          turn, in source order.
@@ -189,13 +200,19 @@ class MirrorBatch(Batch):
     or changes nothing.
     """
 
-    def __init__(self, settings: Settings, fence: Fence):
+    def __init__(self, settings: Settings, fence: Fence,
+                 read_column_history: Callable[[], column_changes.History] | None = None):
         super().__init__(NAME, settings, fence)
+        self.read_column_history = read_column_history or (lambda: column_changes.read_history(settings))
         self.after_resnapshot = at_or_after(start_offsets(settings))
         self.tombstone_tables: set[str] = set()  # created in this run (or found), not checked again
         # Per tombstones table: none is after this position (None: it has none); `_tombstones_after`.
         self.newest_tombstones: dict[str, Position | None] = {}
         self.finished_lock = threading.Lock()  # guards the count of tables done in a batch
+        # Every column renamed or dropped (sync/cdc/columns.py): read whole at the first
+        # batch and again when a table's columns change, and kept from the stream.
+        self.column_history: column_changes.History | None = None
+        self.columns_seen: dict[str, list[str]] = {}  # per topic: its columns in the last batch
 
     def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome:
         # Read from Kafka once and kept for every pass below. A local checkpoint, not a
@@ -203,7 +220,9 @@ class MirrorBatch(Batch):
         # first (spark.databricks.delta.merge.materializeSource, sync/streaming/spark.py).
         records = batch.where(F.col("value").isNotNull() & self.after_resnapshot).localCheckpoint(eager=True)
         steps.done("read")
-        topics = _with_drops(self._tables(records))
+        rows = self._tables(records)
+        changed_at = self._column_changes(rows)
+        topics = _with_drops(rows, changed_at)
         steps.done("plan")
         tables_done = 0
 
@@ -243,8 +262,14 @@ class MirrorBatch(Batch):
         result = TableResult(table_of(row["topic"]), steps)
         topic_records = records.where(F.col("topic") == row["topic"])
         try:
-            if row["value_schema"] is None:  # dropped, and no record of its own in the batch
-                result.applied = self._dropped(commit.spark, result.name, row["dropped_at"])
+            if row["value_schema"] is None:  # dropped or altered, and no record of its own in the batch
+                changes = until(self._history_of(result.name), row["columns_changed_at"] or (0, 0))
+                if changes:
+                    self.fence.check()
+                    follow_column_changes(commit.spark, str(mirror_path(self.settings, result.name)), changes,
+                                          [str(tombstone_path(self.settings, result.name))])
+                if row["dropped_at"] is not None:
+                    result.applied = self._dropped(commit.spark, result.name, row["dropped_at"])
                 return result
             for keyless, part in _kinds(topic_records, row):
                 table = self._plan(commit.spark, part, row, keyless)
@@ -293,13 +318,15 @@ class MirrorBatch(Batch):
                       F.max(op == "u").alias("updates"),
                       F.max(is_key_change(op, F.col("headers"), "c")).alias("moves"),
                       F.max(is_key_change(op, F.col("headers"), "d")).alias("moved_away"),
-                      F.collect_list(drop).alias("drops")))
+                      F.collect_list(drop).alias("drops"),
+                      F.collect_list(F.when(F.col("topic") == COLUMNS_TOPIC, value)).alias("column_changes")))
         return (latest.select(
             "topic", "deletes", "updates", "moves", "moved_away", "keyed_from", "keyless_from",
             F.get_json_object(F.col("last_value").cast("string"), "$.schema").alias("value_schema"),
             F.get_json_object(F.col("last_key").cast("string"), "$.schema").alias("key_schema"),
             F.get_json_object(F.col("last_truncate"), "$.payload.source.sequence").alias("truncate_sequence"),
-            "drops",
+            F.get_json_object(F.col("last_value").cast("string"), "$.payload.source.sequence").alias("last_sequence"),
+            "drops", "column_changes",
         ).orderBy("topic").collect())
 
     def _plan(self, spark: SparkSession, records: DataFrame, row, keyless: bool) -> "TablePlan":
@@ -317,6 +344,7 @@ class MirrorBatch(Batch):
         except (ValueError, KeyError, TypeError) as error:
             plan.error = f"cannot read the table's schema: {error}"
             return plan
+        earlier = self._renamed(spark, plan, row)
         if plan.keys is None:  # only truncates in this batch: the key the mirror recorded
             plan.keys = self._recorded_keys(spark, plan.path)
             if plan.keys is None:
@@ -324,8 +352,60 @@ class MirrorBatch(Batch):
             plan.keyless = not plan.keys
         # Decoded once and checkpointed: step 2 and step 3 each read it, and a plan over
         # the JSON itself costs several times the decode (its parse is repeated per use).
-        plan.changes = decode_changes(plan.records, plan.columns, before=plan.keyless).localCheckpoint(eager=True)
+        plan.changes = decode_changes(plan.records, plan.columns, before=plan.keyless,
+                                      earlier=earlier).localCheckpoint(eager=True)
         return plan
+
+    def _column_changes(self, rows: list) -> dict[str, Position]:
+        """Step 1's share of the column history: read whole at the first batch, and again
+        when a table's columns changed since its last batch (the change's record may not
+        be in this batch yet: Kafka makes a transaction visible partition by partition);
+        then the batch's own records of column changes added. Returns per table topic the
+        newest column change the batch records."""
+        stale = self.column_history is None
+        for row in rows:
+            if row["value_schema"] is not None and row["topic"] not in (DROPS_TOPIC, COLUMNS_TOPIC):
+                try:
+                    names = [c.name for c in table_columns(json.loads(row["value_schema"]))]
+                except (ValueError, KeyError, TypeError):
+                    continue  # (the table's plan sets its records aside)
+                stale |= self.columns_seen.get(row["topic"], names) != names
+                self.columns_seen[row["topic"]] = names
+        if stale:
+            self.column_history = self.read_column_history()
+        assert self.column_history is not None
+        changed_at: dict[str, Position] = {}
+        for value in (v for row in rows if row["topic"] == COLUMNS_TOPIC for v in row["column_changes"]):
+            parsed = column_changes.parse(value)
+            if parsed is not None:
+                (schema, table), change = parsed
+                column_changes.add(self.column_history, (schema, table), change)
+                topic = f"{TOPIC_PREFIX}.{schema}.{table}"
+                changed_at[topic] = max(change.at, changed_at.get(topic, change.at))
+        return changed_at
+
+    def _history_of(self, name: str) -> list[ColumnChange]:
+        return (self.column_history or {}).get(source_table(name), [])
+
+    def _renamed(self, spark: SparkSession, plan: "TablePlan", row) -> dict[str, list]:
+        """With the table's column history (sync/cdc/columns.py): the plan's columns and
+        key under their names after every change up to the batch's end (its last record,
+        a column change it records, or one the mirror followed already: the changes after
+        that wait for their own record), those changes (`plan.column_changes`), and per
+        column the names its records may have used (for decode_changes)."""
+        history = self._history_of(plan.name)
+        if not history:
+            return {}
+        after = parse_sequence(row["last_sequence"])
+        followed = (column_changes_followed(table_properties(spark, plan.path))
+                    if DeltaTable.isDeltaTable(spark, plan.path) else None)
+        up_to = max((p for p in (after, row["columns_changed_at"], followed) if p is not None), default=None)
+        plan.column_changes = until(history, up_to) if up_to is not None else []
+        plan.columns_followed = followed
+        plan.columns = current_columns(plan.columns, plan.column_changes, after)
+        if plan.keys:
+            plan.keys = [k for k in current_names(plan.keys, plan.column_changes, after) if k is not None]
+        return {c.name: chain for c in plan.columns if (chain := earlier_names(c.name, plan.column_changes))}
 
     def _apply_table(self, commit: BatchCommit, table: "TablePlan", failed: list[DeadLetter], steps: Steps) -> int:
         """Step 3 for one table; returns the rows the MERGE affected. Its parts' seconds
@@ -334,7 +414,19 @@ class MirrorBatch(Batch):
         self.fence.check()  # the schema changes below commit outside the batch's commits
         keys = table.keys
         properties = {KEYS_PROPERTY: json.dumps(keys), **self.fence.properties}
-        target, recorded = evolve(spark, table.path, table.columns, PROVENANCE_DDL, table.records, properties)
+        if table.column_changes:
+            if table.columns_followed is None or table.column_changes[-1].at > table.columns_followed:
+                follow_column_changes(spark, table.path, table.column_changes,
+                                      [str(tombstone_path(self.settings, table.name))])
+            # (A mirror created below starts as of them: its columns are named as they end.)
+            properties.update(column_changes_property(table.column_changes[-1].at))
+        records = table.records
+        dropped = [c.at for c in table.column_changes if c.new is None and c.old in {col.name for col in table.columns}]
+        if dropped:  # a column dropped and added again: it was added after the drop, as the records after it tell
+            commit_lsn, lsn = position_columns(F.get_json_object(F.col("value").cast("string"),
+                                                                 "$.payload.source.sequence"))
+            records = records.where(~precedes(commit_lsn, lsn, max(dropped)))
+        target, recorded = evolve(spark, table.path, table.columns, PROVENANCE_DDL, records, properties)
         if recorded.get(KEYS_PROPERTY, properties[KEYS_PROPERTY]) != properties[KEYS_PROPERTY]:
             # A key added or dropped: a later batch of truncates alone goes by this one.
             spark.sql(f"ALTER TABLE delta.`{table.path}` SET TBLPROPERTIES "
@@ -509,6 +601,8 @@ class TablePlan:
     columns: list[ColumnType] = field(default_factory=list)
     keys: list[str] | None = None
     changes: DataFrame | None = None   # decoded, with `_error`; None when nothing applies
+    column_changes: list[ColumnChange] = field(default_factory=list)  # renames and drops up to the batch's end
+    columns_followed: Position | None = None  # the latest of them the mirror has followed
     error: str | None = None           # why none of the table's records can apply
 
 
@@ -523,21 +617,26 @@ class TableResult:
     dead: list[DeadLetter] = field(default_factory=list)       # records set aside
 
 
-def _with_drops(rows: list) -> list[dict]:
-    """The per-topic plan rows of step 1 without the drops topic's, each with `dropped_at`:
-    the source position of the table's latest drop in the batch (or None). A table dropped
-    without records of its own in the batch gets a row of its own."""
+def _with_drops(rows: list, columns_changed_at: dict[str, Position]) -> list[dict]:
+    """The per-topic plan rows of step 1 without the drops' and column changes' topics,
+    each with `dropped_at`, the source position of the table's latest drop in the batch (or
+    None), and `columns_changed_at`, its latest column change's (or None). A table dropped
+    or altered without records of its own in the batch gets a row of its own."""
     dropped: dict[str, tuple[int, int]] = {}
     for drop in (d for row in rows if row["topic"] == DROPS_TOPIC for d in row["drops"]):
         topic, position = f"{TOPIC_PREFIX}.{drop['schema']}.{drop['table']}", parse_sequence(drop["sequence"])
         if position is not None:  # any table of a published schema (migration 0007); no mirror, nothing to do
             dropped[topic] = max(position, dropped.get(topic, position))
-    tables = [{**row.asDict(), "dropped_at": dropped.pop(row["topic"], None)} for row in rows
-              if row["topic"] != DROPS_TOPIC]
+    tables = [{**row.asDict(), "dropped_at": dropped.pop(row["topic"], None),
+               "columns_changed_at": columns_changed_at.get(row["topic"])} for row in rows
+              if row["topic"] not in (DROPS_TOPIC, COLUMNS_TOPIC)]
+    with_records = {row["topic"] for row in tables}
     no_records = dict.fromkeys(("deletes", "updates", "moves", "moved_away", "keyed_from", "keyless_from",
-                                "value_schema", "key_schema", "truncate_sequence"))
-    return sorted(tables + [{**no_records, "topic": topic, "dropped_at": at} for topic, at in dropped.items()],
-                  key=lambda row: row["topic"])
+                                "value_schema", "key_schema", "truncate_sequence", "last_sequence"))
+    alone = [{**no_records, "topic": topic, "dropped_at": dropped.get(topic),
+              "columns_changed_at": columns_changed_at.get(topic)}
+             for topic in sorted({*dropped, *columns_changed_at} - with_records)]
+    return sorted(tables + alone, key=lambda row: row["topic"])
 
 
 def _kinds(records: DataFrame, row) -> list[tuple[bool, DataFrame]]:

@@ -21,11 +21,13 @@ dead letters instead of applying it (sync/delta/deadletters.py).
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from sync.cdc.ordering import position_columns
+from sync.cdc.columns import precedes
+from sync.cdc.ordering import Position, position_columns
 from sync.cdc.types import ColumnType, quoted
 
 SOURCE_STRUCT = ("struct<sequence: string, lsn: bigint, txId: bigint, ts_us: bigint, "
@@ -96,15 +98,22 @@ def row_struct(columns: list[ColumnType]) -> str:
     return "struct<" + ", ".join(f"{quoted(c.name)}: {c.json_type}" for c in columns) + ">"
 
 
-def decode_changes(records: DataFrame, columns: list[ColumnType], before: bool = False) -> DataFrame:
+def decode_changes(records: DataFrame, columns: list[ColumnType], before: bool = False,
+                   earlier: dict[str, list[tuple[Position, str | None]]] | None = None) -> DataFrame:
     """Kafka records of one table -> typed change rows with provenance.
 
     The row image is `after` for c/u/r and `before` for d (it holds the key); a
     truncate (op t) has neither and keeps only its provenance. With `before`, the old
     row is also decoded, into the struct column `_before` (null where the change has
-    none): a table without a key finds the row an update replaces by it.
+    none): a table without a key finds the row an update replaces by it. `earlier`: per
+    column, the names it had before the renames after some of the records
+    (sync/cdc/columns.py `earlier_names`), so each record's value is read under the name
+    it was written with.
     """
-    row = row_struct(columns)
+    earlier = earlier or {}
+    # Parsed too: each older name, as its column's type (a current column's name is parsed as that column).
+    older = {name: replace(c, name=name) for c in columns for _, name in earlier.get(c.name, []) if name is not None}
+    row = row_struct(columns + [c for name, c in older.items() if name not in {c.name for c in columns}])
     envelope = (f"struct<payload: struct<before: {row}, after: {row}, source: {SOURCE_STRUCT}, "
                 f"op: string>>")
     parsed = (records.where(F.col("value").isNotNull())
@@ -112,12 +121,21 @@ def decode_changes(records: DataFrame, columns: list[ColumnType], before: bool =
                       "topic", "partition", "offset"))
     image = F.coalesce(F.col("e.payload.after"), F.col("e.payload.before"))
     commit_lsn, lsn = position_columns(F.col("e.payload.source.sequence"))
+
+    def field(row_image: Column, column: ColumnType) -> Column:
+        """The column's value in a row image, under the name the record gave it."""
+        value = row_image[column.name]
+        for at, name in earlier.get(column.name, []):  # newest first: each wraps the later ones
+            value = F.when(precedes(commit_lsn, lsn, at), row_image[name] if name is not None else F.lit(None)
+                           ).otherwise(value)
+        return value
+
     values, unavailable, failed = [], [], []
     for c in columns:
-        raw, missing = image[c.name], placeholder(c)
+        raw, missing = field(image, c), placeholder(c)
         value = convert(raw, c)
         if missing is not None:
-            old = F.col("e.payload.before")[c.name]
+            old = field(F.col("e.payload.before"), c)
             carried_by_old = (raw == missing) & old.isNotNull() & (old != missing)
             value = F.when(carried_by_old, convert(old, c)).when(raw == missing, None).otherwise(value)
             unavailable.append(F.when((raw == missing) & ~carried_by_old, F.lit(c.name)))
@@ -146,7 +164,7 @@ def decode_changes(records: DataFrame, columns: list[ColumnType], before: bool =
         unchanged.alias(UNCHANGED),
         error.alias(ERROR),
         *([F.when(F.col("e.payload.before").isNotNull(), F.struct(*[
-            convert(F.col("e.payload.before")[c.name], c).alias(c.name) for c in columns])).alias(BEFORE)]
+            convert(field(F.col("e.payload.before"), c), c).alias(c.name) for c in columns])).alias(BEFORE)]
           if before else []),
     )
 

@@ -23,6 +23,10 @@ each batch compares them with the Delta table's:
   varchar(n) -> text needs nothing (both are strings here).
 - any other type change (text -> int, say) cannot be applied to the existing rows:
   `IncompatibleChange` is raised and the caller stops that table's mirror alone.
+- a column renamed or dropped (recorded by migration 0009, sync/cdc/columns.py) is
+  renamed or dropped in the Delta table too (`follow_column_changes`), a metadata-only
+  change under column mapping: the rows not changed since keep their values under the
+  new name.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from sync.cdc.columns import ColumnChange, precedes
 from sync.cdc.decode import convert
-from sync.cdc.ordering import newer_than_literal, position_columns
+from sync.cdc.ordering import Position, newer_than_literal, parse_sequence, position_columns
 from sync.cdc.types import ColumnType, quoted
 from sync.delta.merge import ensure_table, table_properties
 
@@ -44,6 +49,7 @@ from sync.delta.merge import ensure_table, table_properties
 # before it is given it on its first new column.
 COLUMN_MAPPING = {"delta.columnMapping.mode": "name"}
 BACKFILL_PROPERTY = "lakesync.backfill"
+COLUMN_CHANGES_PROPERTY = "lakesync.column_changes_at"  # source position of the latest column change followed
 TYPE_WIDENING_PROPERTY = "delta.enableTypeWidening"
 _INTEGRAL = ["tinyint", "smallint", "int", "bigint"]
 
@@ -104,13 +110,68 @@ def evolve(spark: SparkSession, path: str, columns: list[ColumnType], provenance
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
                   f"('{BACKFILL_PROPERTY}' = {sql_string(recorded[BACKFILL_PROPERTY])})")
     if added:
-        if any(recorded.get(key) != value for key, value in COLUMN_MAPPING.items()):
-            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
-                      + "(" + ", ".join(f"'{k}' = '{v}'" for k, v in COLUMN_MAPPING.items()) + ")")
+        _with_column_mapping(spark, path, recorded)
         spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({', '.join(c.ddl() for c in added)})")
     if added or changed:
         table = DeltaTable.forPath(spark, path)
     return table, recorded
+
+
+def column_changes_followed(properties: dict[str, str]) -> Position | None:
+    """The position of the latest column change the table has followed (None: none)."""
+    return parse_sequence(properties.get(COLUMN_CHANGES_PROPERTY))
+
+
+def column_changes_property(position: Position) -> dict[str, str]:
+    return {COLUMN_CHANGES_PROPERTY: json.dumps([str(position[0]), str(position[1])])}
+
+
+def follow_column_changes(spark: SparkSession, path: str, changes: list[ColumnChange], also: list[str]) -> None:
+    """Rename or drop the columns of the Delta table at `path` as `changes` did in
+    Postgres, each change not followed yet, in order, then record it (table property
+    COLUMN_CHANGES_PROPERTY). Each step is safe to repeat after a crash: it acts only
+    while the old column is there. A rename whose new name the table already has (its
+    records came before the change's record, and added it as a new column) copies the
+    old column into it for the rows older than the rename, then drops the old one.
+    `also`: Delta tables keyed like it (the tombstones), whose key columns are renamed
+    with it."""
+    if not DeltaTable.isDeltaTable(spark, path):
+        return
+    followed = column_changes_followed(table_properties(spark, path))
+    table = f"delta.`{path}`"
+    for change in changes:
+        if followed is not None and change.at <= followed:
+            continue
+        present = set(spark.read.format("delta").load(path).columns)
+        if change.old in present:
+            _with_column_mapping(spark, path)
+            if change.new is None:
+                spark.sql(f"ALTER TABLE {table} DROP COLUMN {quoted(change.old)}")
+            elif change.new not in present:
+                spark.sql(f"ALTER TABLE {table} RENAME COLUMN {quoted(change.old)} TO {quoted(change.new)}")
+            else:
+                older = precedes(F.col("_commit_lsn"), F.col("_lsn"), change.at)
+                DeltaTable.forPath(spark, path).update(older, {quoted(change.new): F.col(quoted(change.old))})
+                spark.sql(f"ALTER TABLE {table} DROP COLUMN {quoted(change.old)}")
+        for other in also:
+            if change.new is not None and DeltaTable.isDeltaTable(spark, other):
+                columns = set(spark.read.format("delta").load(other).columns)
+                if change.old in columns and change.new not in columns:
+                    _with_column_mapping(spark, other)
+                    spark.sql(f"ALTER TABLE delta.`{other}` RENAME COLUMN {quoted(change.old)} "
+                              f"TO {quoted(change.new)}")
+        properties = column_changes_property(change.at)
+        spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ("
+                  + ", ".join(f"'{k}' = {sql_string(v)}" for k, v in properties.items()) + ")")
+
+
+def _with_column_mapping(spark: SparkSession, path: str, properties: dict[str, str] | None = None) -> None:
+    """Column mapping by name, which renames, drops and names such as "Note Text" need (a
+    mirror made before it had none). `properties`: the table's, if at hand."""
+    properties = table_properties(spark, path) if properties is None else properties
+    if any(properties.get(key) != value for key, value in COLUMN_MAPPING.items()):
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES "
+                  + "(" + ", ".join(f"'{k}' = '{v}'" for k, v in COLUMN_MAPPING.items()) + ")")
 
 
 def finish_backfill(spark: SparkSession, path: str, columns: list[ColumnType],

@@ -15,8 +15,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from sync.config import (CONNECTOR_NAME, CONTROL_SCHEMA, EVENTS_TOPIC_PREFIX, HEARTBEAT_TABLE, PUBLICATION, ROLES,
-                         ROOT, SIGNAL_TABLE, SLOT, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings)
+from sync.config import (COLUMN_CHANGES_TABLE, CONNECTOR_NAME, CONTROL_SCHEMA, EVENTS_TOPIC_PREFIX, HEARTBEAT_TABLE,
+                         PUBLICATION, ROLES, ROOT, SIGNAL_TABLE, SLOT, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings)
 from sync.errors import ServiceUnavailable, StackError
 from sync.stack import jvm
 from sync.stack.process import require_free, wait_until
@@ -55,7 +55,7 @@ def connector_names() -> dict[str, str]:
     return {
         "CONNECTOR_NAME": CONNECTOR_NAME, "TOPIC_PREFIX": TOPIC_PREFIX,
         "CONTROL_SCHEMA": CONTROL_SCHEMA, "HEARTBEAT_TABLE": HEARTBEAT_TABLE, "TABLE_DROPS_TABLE": TABLE_DROPS_TABLE,
-        "SIGNAL_TABLE": SIGNAL_TABLE,
+        "SIGNAL_TABLE": SIGNAL_TABLE, "COLUMN_CHANGES_TABLE": COLUMN_CHANGES_TABLE,
         "PUBLICATION": PUBLICATION,
         "SLOT": SLOT, "CAPTURE_ROLE": ROLES["capture"],
         "EVENTS_TOPIC_PREFIX": EVENTS_TOPIC_PREFIX,  # the outbox router's topics

@@ -49,7 +49,9 @@ def publish(settings: Settings) -> None:
          tables created in them later are published too;
       4. the capture and auditor roles may read their tables, those created later by
          the schema's owner or this role too (Debezium's snapshots read them; streaming
-         needs only the publication).
+         needs only the publication);
+      5. the column names of their tables are remembered, so a later RENAME or DROP
+         COLUMN is recorded (migration 0009).
     """
     schemas = settings.capture.schemas
     readers = sql.SQL(", ").join(sql.Identifier(ROLES[kind]) for kind in ("capture", "auditor"))
@@ -74,3 +76,4 @@ def publish(settings: Settings) -> None:
             for owner in sorted({owners[schema], me} - {"pg_database_owner"}):
                 conn.execute(sql.SQL("ALTER DEFAULT PRIVILEGES FOR ROLE {} IN SCHEMA {} GRANT SELECT ON TABLES TO {}")
                              .format(sql.Identifier(owner), name, readers))
+        conn.execute(sql.SQL("SELECT {}.remember_columns()").format(sql.Identifier(CONTROL_SCHEMA)))

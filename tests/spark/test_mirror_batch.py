@@ -55,8 +55,11 @@ def settings(tmp_path):
     return dataclasses.replace(config.load(), lake=tmp_path / "lake")
 
 
-def new_batch(spark, settings):
-    return mirrors.MirrorBatch(settings, fencing.take(spark, settings, mirrors.NAME, []))
+def new_batch(spark, settings, column_history=None):
+    """The mirrors' batch function; `column_history`: what the column changes' topic holds
+    (sync/cdc/columns.py), none unless given."""
+    return mirrors.MirrorBatch(settings, fencing.take(spark, settings, mirrors.NAME, []),
+                               lambda: column_history or {})
 
 
 def mirror(spark, settings):
@@ -624,3 +627,84 @@ def test_a_key_of_another_ordered_type_gets_one_range_in_the_sessions_time_zone(
     rows = {r["at"]: r["name"] for r in spark.read.format("delta").load(path)
             .selectExpr("CAST(at AS string) AS at", "name").collect()}
     assert rows == {"2024-03-31 01:30:00.000001": "changed", "2024-06-01 00:00:00": "n1"}
+
+
+def _column_change(old, new, commit, lsn):
+    """The row migration 0009's trigger writes for a RENAME (new set) or DROP COLUMN of
+    `widgets`, as captured."""
+    row = {"id": lsn, "schema_name": config.DEFAULT_SCHEMA, "table_name": "widgets",
+           "change": "drop" if new is None else "rename", "old_name": old, "new_name": new,
+           "changed_at": 1711848600123456}
+    value = {"schema": {}, "payload": {"before": None, "after": row, "op": "c", "source": {
+        "sequence": json.dumps([str(commit), str(lsn)]), "lsn": lsn, "txId": commit, "ts_us": 1711848600123456}}}
+    return json.dumps({"payload": {"id": lsn}}).encode(), json.dumps(value).encode()
+
+
+NAME, PRICE = FIELDS[1], FIELDS[2]
+LABEL = {**NAME, "field": "Label Text"}
+# A table's history with its column changes (records of COLUMNS_TOPIC): rows 1 and 3 are
+# never changed after `name` becomes "Label Text" and back, nor after `price` is dropped.
+RENAMES = [
+    (_change(FIELDS[:3], "c", 1, 10, 11, name="one", price="1.00"), TOPIC),
+    (_change(FIELDS[:3], "c", 2, 10, 12, name="two", price="2.00"), TOPIC),
+    (_change(FIELDS[:3], "c", 3, 10, 13, name="three", price="3.00"), TOPIC),
+    (_column_change("name", "Label Text", 20, 21), mirrors.COLUMNS_TOPIC),
+    (_change([FIELDS[0], LABEL, PRICE], "u", 2, 30, 31, **{"Label Text": "two, relabelled", "price": "2.50"}), TOPIC),
+    (_column_change("price", None, 40, 41), mirrors.COLUMNS_TOPIC),
+    (_change([FIELDS[0], LABEL], "c", 4, 50, 51, **{"Label Text": "four"}), TOPIC),
+    (_column_change("Label Text", "name", 60, 61), mirrors.COLUMNS_TOPIC),
+    (_change(FIELDS[:2], "c", 5, 70, 71, name="five"), TOPIC),
+    # ADD COLUMN price DEFAULT 0 (no record): every row gets it, none the dropped price.
+    (_change([*FIELDS[:2], {**PRICE, "default": "0.00"}], "c", 6, 80, 81, name="six", price="6.00"), TOPIC),
+]
+
+
+def _renamed(spark, settings, cuts, column_history):
+    """The mirror (its columns, and each row's name) after RENAMES applied in batches split
+    at `cuts`; `column_history` is what the column changes' topic holds when the first
+    batch reads it."""
+    apply = new_batch(spark, settings, column_history)
+    bounds = [0, *cuts, len(RENAMES)]
+    for batch_id, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        apply(spark.createDataFrame([(k, v, topic, 0, start + i, None) for i, ((k, v), topic)
+                                     in enumerate(RENAMES[start:end])], mirrors.RECORDS_DDL), batch_id)
+    table = spark.read.format("delta").load(str(mirrors.mirror_path(settings, "widgets")))
+    return ([c for c in table.columns if not c.startswith("_")],
+            {r["id"]: (r["name"], str(r["price"])) for r in table.collect()})
+
+
+def test_renamed_and_dropped_columns_are_followed_in_one_batch_or_split_at_random(spark, settings):
+    """RENAME and DROP COLUMN reach the mirrors as rows of the column changes' topic: the
+    mirror renames or drops its column, the rows not changed since keep their values
+    under the new name, a record written before a rename is read under the name it was
+    written with, and a column added again after its drop holds its default, not the
+    dropped values. The same whatever the batch boundaries (one batch, as a rebuild
+    reads it; each change alone; random cuts, seeded), whether the history was read
+    whole first (a rebuild: `column_history`) or arrives in the stream alone, and when a
+    rename's record arrives after the records written under its new name (Kafka made the
+    table's partition visible first): the new name was taken as a new column, then is
+    filled from the old one."""
+    import random
+
+    from sync.cdc import columns as column_changes
+
+    expected = (["id", "name", "price"], {1: ("one", "0.00"), 2: ("two, relabelled", "0.00"), 3: ("three", "0.00"),
+                                          4: ("four", "0.00"), 5: ("five", "0.00"), 6: ("six", "6.00")})
+    whole: column_changes.History = {}
+    for (key, value), topic in RENAMES:
+        if topic == mirrors.COLUMNS_TOPIC:
+            column_changes.add(whole, *column_changes.parse(value))
+    seed = random.randrange(1 << 30)
+    random_cuts = sorted(random.Random(seed).sample(range(1, len(RENAMES)), 3))
+    for n, (cuts, history) in enumerate([([], {}), ([], whole), ([3, 4, 5, 6, 7, 8, 9], {}), (random_cuts, whole)]):
+        lake = dataclasses.replace(settings, lake=settings.lake.with_name(f"lake{n}"))
+        assert _renamed(spark, lake, cuts, history) == expected, f"cuts {cuts}, history {bool(history)} (seed {seed})"
+    late = dataclasses.replace(settings, lake=settings.lake.with_name("late"))
+    apply = new_batch(spark, late)
+    parts = [RENAMES[:3], [RENAMES[4]], [RENAMES[3]]]  # the rename's record after the update under its new name
+    for batch_id, part in enumerate(parts):
+        apply(spark.createDataFrame([(k, v, topic, 0, 10 * batch_id + i, None) for i, ((k, v), topic)
+                                     in enumerate(part)], mirrors.RECORDS_DDL), batch_id)
+    table = spark.read.format("delta").load(str(mirrors.mirror_path(late, "widgets")))
+    assert {r["id"]: r["Label Text"] for r in table.collect()} == {1: "one", 2: "two, relabelled", 3: "three"}
+    assert "name" not in table.columns

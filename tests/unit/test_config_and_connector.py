@@ -57,6 +57,7 @@ def test_connector_names_come_from_sync_config(monkeypatch, tmp_path):
     assert rendered["table.include.list"] == (f"{re.escape(config.DEFAULT_SCHEMA)}\\..*,"
                                               f"{re.escape(config.HEARTBEAT_TABLE)},"
                                               f"{re.escape(config.TABLE_DROPS_TABLE)},"
+                                              f"{re.escape(config.COLUMN_CHANGES_TABLE)},"
                                               f"{re.escape(config.SIGNAL_TABLE)}")
     assert rendered["signal.data.collection"] == config.SIGNAL_TABLE
     assert rendered["heartbeat.action.query"].startswith(f"INSERT INTO {config.HEARTBEAT_TABLE} (id, beat_at) ")
@@ -84,6 +85,7 @@ def test_connector_template_holds_no_name_of_its_own(monkeypatch, tmp_path):
     monkeypatch.setattr(connect, "HEARTBEAT_TABLE", "xcontrol.xbeat")
     monkeypatch.setattr(connect, "TABLE_DROPS_TABLE", "xcontrol.xdrops")
     monkeypatch.setattr(connect, "SIGNAL_TABLE", "xcontrol.xsignal")
+    monkeypatch.setattr(connect, "COLUMN_CHANGES_TABLE", "xcontrol.xcolumns")
     monkeypatch.setenv("LAKESYNC_OUTBOX", "xcaptured_schema.outbox")
     monkeypatch.setattr(connect, "EVENTS_TOPIC_PREFIX", "xtopics.xevents.")
     monkeypatch.setitem(config.ROLES, "capture", "xcapture")
@@ -91,7 +93,7 @@ def test_connector_template_holds_no_name_of_its_own(monkeypatch, tmp_path):
     assert name == "xconnector_name"
     assert (rendered["slot.name"], rendered["publication.name"], rendered["topic.prefix"], rendered["database.user"]) \
         == ("xslot", "xpublication", "xtopic_prefix", "xcapture")
-    assert rendered["table.include.list"] == "xcaptured_schema\\..*,xcontrol\\.xbeat,xcontrol\\.xdrops,xcontrol\\.xsignal"
+    assert rendered["table.include.list"] == "xcaptured_schema\\..*,xcontrol\\.xbeat,xcontrol\\.xdrops,xcontrol\\.xcolumns,xcontrol\\.xsignal"
     assert rendered["predicates.isOutbox.pattern"] == "xtopic_prefix\\.xcaptured_schema\\.outbox"
     assert rendered["topic.creation.events.include"] == "xtopics\\.xevents\\..*"
     assert "INTO xcontrol.xbeat " in rendered["heartbeat.action.query"]
