@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -69,6 +70,7 @@ def cmd_wait(settings, args) -> int:
 
 def cmd_verify(settings, args) -> int:
     from sync.commands import verify
+    from sync.compare import readable
 
     reports = verify.verify(settings)
     ok = all(r.differences == 0 for r in reports)
@@ -78,9 +80,10 @@ def cmd_verify(settings, args) -> int:
         print(f"{'projection':<28} {'kind':<8} {'postgres':>9} {'delta':>9} {'differences':>12}")
         for r in reports:
             print(f"{r.name:<28} {r.kind:<8} {r.source_rows:>9} {r.target_rows:>9} {r.differences:>12}")
-            for s in r.sample:
-                print(f"    key {json.dumps(s['key'], default=str)}: postgres {json.dumps(s['source'], default=str)}"
-                      f" | delta {json.dumps(s['target'], default=str)}")
+            for s in r.sample:  # (--json keeps each value whole)
+                shown = {side: json.dumps(readable(s[side]), default=str, ensure_ascii=False)
+                         for side in ("key", "source", "target")}
+                print(f"    key {shown['key']}: postgres {shown['source']} | delta {shown['target']}")
         print("verify: no difference" if ok else "verify: DIFFERENCES FOUND")
     return 0 if ok else 1
 
@@ -120,6 +123,7 @@ def cmd_resnapshot(settings, args) -> int:
 
 def cmd_rebuild(settings, args) -> int:
     from sync.commands import rebuild
+    from sync.compare import readable
 
     comparisons = rebuild.rebuild(settings, args.names, verify=args.verify, swap=args.swap)
     if not args.verify:
@@ -128,7 +132,7 @@ def cmd_rebuild(settings, args) -> int:
     for c in comparisons:
         print(f"{c.name:<28} {c.live_rows:>9} {c.rebuilt_rows:>9} {c.differences:>12}")
         for key in c.sample:
-            print(f"    differs: {json.dumps(key, default=str)}")
+            print(f"    differs: {json.dumps(readable(key), default=str, ensure_ascii=False)}")
     same = not any(c.differences for c in comparisons)
     print("verify: the rebuilt projection is identical" if same else "verify: DIFFERENCES FOUND")
     return 0 if same else 1
@@ -209,6 +213,8 @@ def parser() -> argparse.ArgumentParser:
     from sync.bench import DEFAULT_SIZES
 
     top = argparse.ArgumentParser(prog="lakesync", description="Postgres -> Debezium -> Kafka -> Spark -> Delta")
+    top.add_argument("--verbose", action="store_true",
+                     help="the JVM's log lines (Spark's) on this terminal too, not only in the stack's logs folder")
     sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     up = sub.add_parser("up", help="start the embedded stack (idempotent)")
     up.add_argument("--external", action="store_true",
@@ -283,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     _utc()
     args = parser().parse_args(argv)
     try:
-        return args.func(config.load(), args)
+        settings = config.load()
+        return args.func(replace(settings, verbose=True) if args.verbose else settings, args)
     except LakesyncError as error:
         print(f"lakesync {args.command}: {error}", file=sys.stderr)
         return error.exit_code

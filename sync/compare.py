@@ -93,6 +93,22 @@ def _plain(value: Any) -> Any:
     return value
 
 
+READABLE_WIDTH = 80  # characters of one value a difference shows in a terminal
+
+
+def readable(value: Any, width: int = READABLE_WIDTH) -> Any:
+    """A sample's value as a person reads it: a text longer than `width` (a 60 KB TOASTed
+    value, say) cut in the middle, with its length; rows and lists value by value."""
+    if isinstance(value, dict):
+        return {k: readable(v, width) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [readable(v, width) for v in value]
+    if isinstance(value, str) and len(value) > width:
+        keep = (width - 1) // 2
+        return f"{value[:keep]}\u2026{value[-keep:]} ({len(value)} characters)"
+    return value
+
+
 def row_digest(values: Iterable[Any]) -> bytes:
     return hashlib.sha256(json.dumps(list(values), separators=(",", ":")).encode()).digest()[:16]
 

@@ -147,6 +147,10 @@ class Settings:
     allowed_lateness_seconds: int = 3600
     # spark.driver.memory: with a local master the driver runs every task, so Spark's whole heap.
     spark_driver_memory: str = "3g"
+    # The JVM's own log lines (Spark's WARNs, the JVM's warnings) on the terminal of the
+    # commands that start Spark (LAKESYNC_VERBOSE=1, `lakesync --verbose`); else in a log
+    # file under `logs` (sync/streaming/spark.py).
+    verbose: bool = False
     # (projection, directory) pairs overriding the catalog (sync/delta/catalog.py): a rebuild
     # writes the projection it builds there. Empty for every other command.
     roots: tuple[tuple[str, str], ...] = ()
@@ -254,6 +258,7 @@ def load() -> Settings:
         watermark_delay_seconds=_seconds("LAKESYNC_WATERMARK_DELAY_SECONDS", "600"),
         allowed_lateness_seconds=_seconds("LAKESYNC_ALLOWED_LATENESS_SECONDS", "3600"),
         spark_driver_memory=_env("LAKESYNC_SPARK_DRIVER_MEMORY", "3g"),
+        verbose=_env("LAKESYNC_VERBOSE", "") not in ("", "0", "false", "no"),
         capture=parse_capture(_env("LAKESYNC_CAPTURE", DEFAULT_SCHEMA)),
         outbox_table=_env("LAKESYNC_OUTBOX", f"{DEFAULT_SCHEMA}.outbox"),
         projections=tuple(name.strip() for name in _env("LAKESYNC_PROJECTIONS", ",".join(PROJECTIONS)).split(",")

@@ -66,6 +66,6 @@ def spark():
     from sync.streaming import spark as spark_session
 
     time.tzset()
-    session = spark_session.session(config.load(), "lakesync-tests")
+    session = spark_session.session(config.load(), "lakesync-tests", console=True)
     yield session
     session.stop()

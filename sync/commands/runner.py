@@ -40,7 +40,7 @@ def run(settings: Settings, once: bool = False) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        spark = spark_session.session(settings, "lakesync-runner")
+        spark = spark_session.session(settings, "lakesync-runner", console=True)
         # The fencing tokens of this run, every one before any query commits: any older
         # runner still alive is now a zombie, whatever moment it wakes up at.
         fences = {p.name: fencing.take(spark, settings, p.name, [t.table for t in p.targets(settings) if t.delta])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -52,9 +53,13 @@ def class_archive(settings: Settings) -> Path:
 _QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
-def session(settings: Settings, app_name: str = "lakesync", java_options: str = ""):
+def session(settings: Settings, app_name: str = "lakesync", java_options: str = "", console: bool = False):
     """A Spark session for the runner, verify and the tests (one per process). The driver
-    JVM maps the class archive, unless `java_options` says otherwise (`archive_classes`)."""
+    JVM maps the class archive, unless `java_options` says otherwise (`archive_classes`).
+    Its output (Spark's log lines, the JVM's own warnings) goes to <logs>/<app_name>.log,
+    named once on stderr, unless `console` (the runner: its output is its log) or
+    `settings.verbose`."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -92,9 +97,36 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
         .config("spark.driver.extraJavaOptions",
                 f"-Duser.timezone=UTC -Dderby.system.home={settings.home / 'derby'} {java_options}")
     )
-    spark = builder.getOrCreate()
+    if console or settings.verbose or SparkContext._active_spark_context is not None:  # (JVM already up)
+        spark = builder.getOrCreate()
+    else:
+        log = settings.logs / f"{app_name}.log"
+        with _output_to(log):
+            spark = builder.getOrCreate()
+        print(f"(Spark's log: {log})", file=sys.stderr)
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+@contextmanager
+def _output_to(log: Path):
+    """The process' stdout and stderr into `log` (appended) while the driver JVM starts:
+    the JVM inherits them, and keeps writing there for its whole life, whatever its log
+    configuration prints to the console; this process gets its own back after."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log, "ab") as file:
+        os.dup2(file.fileno(), 1)
+        os.dup2(file.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
 
 
 def archive_classes(settings: Settings) -> Path:

@@ -20,6 +20,7 @@ def test_status_json_has_the_contract_keys(stack, app_db, synced):
     app_db.execute("INSERT INTO customers (id, name) VALUES (5000, 'status') ON CONFLICT DO NOTHING")
     synced("customers", "history.customers")  # a view's figures are read below
     result = lakesync("status", "--json", check=True)
+    assert "WARN" not in result.stdout + result.stderr, result.stderr
     report = json.loads(result.stdout)
     assert set(report) >= {"components", "slot_lag_bytes", "projections"}
     components = report["components"]

@@ -125,6 +125,10 @@ def test_verify_catches_a_hand_altered_mirror_row(db, synced, spark, stack):
 
     result = lakesync("verify", "--json")
     assert result.returncode == 1, result.stdout + result.stderr
+    # No JVM line on the terminal (issue 23): Spark's log is in the file named instead.
+    assert "WARN" not in result.stdout + result.stderr, result.stderr
+    log = stack.logs / "lakesync-verify.log"
+    assert result.stderr.strip() == f"(Spark's log: {log})" and log.stat().st_size > 0
     report = json.loads(result.stdout)
     assert report["ok"] is False
     bad = [p for p in report["projections"] if p["differences"]]

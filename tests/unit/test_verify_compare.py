@@ -3,7 +3,7 @@
 import datetime as dt
 from decimal import Decimal
 
-from sync.compare import canonical, compare
+from sync.compare import canonical, compare, readable
 from sync.projection import Target
 
 TARGET = Target(name="mirror.t", kind="mirror", table="/nowhere")
@@ -62,3 +62,12 @@ def test_a_table_without_a_key_is_compared_as_a_multiset():
     by_id = {s["row"]["id"]: s for s in one_copy_short.sample}
     assert (by_id["1"]["source_copies"], by_id["1"]["target_copies"]) == (2, 1)
     assert (by_id["3"]["source_copies"], by_id["3"]["target_copies"]) == (0, 1)
+
+
+def test_a_difference_shows_long_values_cut_with_their_length():
+    """`lakesync verify` prints a differing 60 KB value as its two ends and its length."""
+    toasted = "a" * 30000 + "b" * 30000
+    shown = readable({"id": "7", "body": toasted, "tags": ["x" * 100, "short"]}, width=21)
+    assert shown == {"id": "7", "body": "aaaaaaaaaa\u2026bbbbbbbbbb (60000 characters)",
+                     "tags": ["xxxxxxxxxx\u2026xxxxxxxxxx (100 characters)", "short"]}
+    assert readable("duplicate row") == "duplicate row" and readable(None) is None
