@@ -263,7 +263,8 @@ class MirrorBatch(Batch):
         topic_records = records.where(F.col("topic") == row["topic"])
         try:
             if row["value_schema"] is None:  # dropped or altered, and no record of its own in the batch
-                changes = until(self._history_of(result.name), row["columns_changed_at"] or (0, 0))
+                changed_at = row["columns_changed_at"]
+                changes = until(self._history_of(result.name), changed_at) if changed_at is not None else []
                 if changes:
                     self.fence.check()
                     follow_column_changes(commit.spark, str(mirror_path(self.settings, result.name)), changes,

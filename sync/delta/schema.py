@@ -137,14 +137,15 @@ def follow_column_changes(spark: SparkSession, path: str, changes: list[ColumnCh
     with it."""
     if not DeltaTable.isDeltaTable(spark, path):
         return
-    followed = column_changes_followed(table_properties(spark, path))
+    properties = table_properties(spark, path)
+    followed = column_changes_followed(properties)
+    pending = [change for change in changes if followed is None or change.at > followed]
+    if pending:
+        _with_column_mapping(spark, path, properties)
     table = f"delta.`{path}`"
-    for change in changes:
-        if followed is not None and change.at <= followed:
-            continue
+    for change in pending:
         present = set(spark.read.format("delta").load(path).columns)
         if change.old in present:
-            _with_column_mapping(spark, path)
             if change.new is None:
                 spark.sql(f"ALTER TABLE {table} DROP COLUMN {quoted(change.old)}")
             elif change.new not in present:
@@ -160,9 +161,8 @@ def follow_column_changes(spark: SparkSession, path: str, changes: list[ColumnCh
                     _with_column_mapping(spark, other)
                     spark.sql(f"ALTER TABLE delta.`{other}` RENAME COLUMN {quoted(change.old)} "
                               f"TO {quoted(change.new)}")
-        properties = column_changes_property(change.at)
         spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ("
-                  + ", ".join(f"'{k}' = {sql_string(v)}" for k, v in properties.items()) + ")")
+                  + ", ".join(f"'{k}' = {sql_string(v)}" for k, v in column_changes_property(change.at).items()) + ")")
 
 
 def _with_column_mapping(spark: SparkSession, path: str, properties: dict[str, str] | None = None) -> None:
