@@ -41,7 +41,7 @@ from pyspark.sql.streaming import StreamingQuery
 from sync.cdc import columns as column_changes
 from sync.cdc.columns import (COLUMNS_TOPIC, ColumnChange, current_columns, current_names, earlier_names, precedes,
                               until)
-from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, decode_changes, is_keyless
+from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, as_mirrored, decode_changes, is_keyless, mirrored
 from sync.cdc.ordering import Position, newer_than_literal, parse_sequence, position_columns
 from sync.cdc.types import ColumnType, columns, key_columns, quoted, table_columns
 from sync.config import (CONTROL_SCHEMA, DEFAULT_SCHEMA, EVENTS_TOPIC_PREFIX, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings,
@@ -144,7 +144,10 @@ class Mirrors(Projection):
         keys = {name: columns for name, (schema, table, columns) in existing.items()
                 if settings.capture.captures(schema, table)}
         gone = "SELECT NULL::text AS dropped WHERE false"  # Postgres has no rows of a dropped table
-        return ([replace(target(settings, name), keys=columns) for name, columns in sorted(keys.items())]
+        renamed = _renamed_in_mirror(conn, settings.capture.schemas)
+        return ([replace(target(settings, name), keys=[mirrored(k) for k in columns],
+                         **({"oracle_sql": renamed[name]} if name in renamed else {}))
+                 for name, columns in sorted(keys.items())]
                 + [replace(target(settings, name), oracle_sql=gone) for name in sorted(in_lake - set(existing))
                    if settings.capture.captures(*source_table(name))])
 
@@ -171,6 +174,21 @@ def table_keys(conn, schemas: list[str]) -> list[tuple[str, str, list[str] | Non
         "LEFT JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true "
         "LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum "
         "WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') GROUP BY n.nspname, c.relname", (schemas,)).fetchall()
+
+
+def _renamed_in_mirror(conn, schemas: list[str]) -> dict[str, str]:
+    """Per mirror whose columns are not all named as in Postgres (`mirrored`): the query of
+    its table's rows under the mirror's names."""
+    found = conn.execute(
+        "SELECT n.nspname, c.relname, array_agg(a.attname::text ORDER BY a.attnum) "
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
+        "WHERE n.nspname = ANY(%s) AND c.relkind IN ('r', 'p') GROUP BY n.nspname, c.relname "
+        "HAVING bool_or(a.attname LIKE '\\_%%')", (schemas,)).fetchall()
+    return {mirror_name(schema, table): "SELECT " + ", ".join(
+                f"{pg_quoted(c)} AS {pg_quoted(mirrored(c))}" for c in columns)
+            + f" FROM {pg_quoted(schema)}.{pg_quoted(table)}"
+            for schema, table, columns in found if any(mirrored(c) != c for c in columns)}
 
 
 class MirrorBatch(Batch):
@@ -346,6 +364,10 @@ class MirrorBatch(Batch):
             plan.error = f"cannot read the table's schema: {error}"
             return plan
         earlier = self._renamed(spark, plan, row)
+        # From here on, the columns go by their names in the mirror (a user's `_op` as `__op`).
+        plan.columns = as_mirrored(plan.columns)
+        plan.keys = None if plan.keys is None else [mirrored(k) for k in plan.keys]
+        earlier = {mirrored(name): chain for name, chain in earlier.items()}
         if plan.keys is None:  # only truncates in this batch: the key the mirror recorded
             plan.keys = self._recorded_keys(spark, plan.path)
             if plan.keys is None:
@@ -422,7 +444,8 @@ class MirrorBatch(Batch):
             # (A mirror created below starts as of them: its columns are named as they end.)
             properties.update(column_changes_property(table.column_changes[-1].at))
         records = table.records
-        dropped = [c.at for c in table.column_changes if c.new is None and c.old in {col.name for col in table.columns}]
+        dropped = [c.at for c in table.column_changes
+                   if c.new is None and mirrored(c.old) in {col.name for col in table.columns}]
         if dropped:  # a column dropped and added again: it was added after the drop, as the records after it tell
             commit_lsn, lsn = position_columns(F.get_json_object(F.col("value").cast("string"),
                                                                  "$.payload.source.sequence"))

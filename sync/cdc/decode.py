@@ -41,6 +41,27 @@ OPS = ("c", "u", "d", "r", "t")
 UNAVAILABLE = "__debezium_unavailable_value"  # Debezium's default unavailable.value.placeholder
 UNAVAILABLE_BASE64 = base64.b64encode(UNAVAILABLE.encode()).decode()  # the same in a bytea column
 KEYLESS_KEY_SCHEMA = "io.lakesync.KeylessRowKey"  # the key jvm/smt KeyKeylessRecords gives a keyless change
+# The columns Lakesync puts beside a table's own, in its mirror or on the way there, and the
+# prefix of every other column it adds while it works (sync/delta/*).
+OWN_COLUMNS = frozenset([*PROVENANCE, "_applied_at", UNCHANGED, ERROR, BEFORE])
+WORKING_PREFIX = "_lakesync_"
+
+
+def mirrored(name: str) -> str:
+    """A table's column's name in its mirror: its own, unless Lakesync's columns could take
+    it. Such a name (one of OWN_COLUMNS, or starting with WORKING_PREFIX, with any number of
+    further leading underscores) gets one underscore more: `_op` is mirrored as `__op`,
+    `__op` as `___op`. So no two columns share a name and none is taken for Lakesync's."""
+    bare = "_" + name.lstrip("_")
+    if name.startswith("_") and (bare in OWN_COLUMNS or bare.startswith(WORKING_PREFIX)):
+        return "_" + name
+    return name
+
+
+def as_mirrored(columns: list[ColumnType]) -> list[ColumnType]:
+    """`columns` under their names in the mirror, each still read by its own (`field`)."""
+    return [replace(c, name=mirrored(c.name), source_name=c.field) if mirrored(c.name) != c.name else c
+            for c in columns]
 
 
 def is_keyless(key: Column) -> Column:
@@ -95,7 +116,7 @@ def convert(value: Column, column: ColumnType) -> Column:
 
 
 def row_struct(columns: list[ColumnType]) -> str:
-    return "struct<" + ", ".join(f"{quoted(c.name)}: {c.json_type}" for c in columns) + ">"
+    return "struct<" + ", ".join(f"{quoted(c.field)}: {c.json_type}" for c in columns) + ">"
 
 
 def decode_changes(records: DataFrame, columns: list[ColumnType], before: bool = False,
@@ -106,14 +127,15 @@ def decode_changes(records: DataFrame, columns: list[ColumnType], before: bool =
     truncate (op t) has neither and keeps only its provenance. With `before`, the old
     row is also decoded, into the struct column `_before` (null where the change has
     none): a table without a key finds the row an update replaces by it. `earlier`: per
-    column, the names it had before the renames after some of the records
-    (sync/cdc/columns.py `earlier_names`), so each record's value is read under the name
-    it was written with.
+    column (by its name in the mirror), the names it had in the events before the renames
+    after some of the records (sync/cdc/columns.py `earlier_names`), so each record's
+    value is read under the name it was written with.
     """
     earlier = earlier or {}
     # Parsed too: each older name, as its column's type (a current column's name is parsed as that column).
-    older = {name: replace(c, name=name) for c in columns for _, name in earlier.get(c.name, []) if name is not None}
-    row = row_struct(columns + [c for name, c in older.items() if name not in {c.name for c in columns}])
+    older = {name: replace(c, name=name, source_name=None)
+             for c in columns for _, name in earlier.get(c.name, []) if name is not None}
+    row = row_struct(columns + [c for name, c in older.items() if name not in {c.field for c in columns}])
     envelope = (f"struct<payload: struct<before: {row}, after: {row}, source: {SOURCE_STRUCT}, "
                 f"op: string>>")
     parsed = (records.where(F.col("value").isNotNull())
@@ -124,7 +146,7 @@ def decode_changes(records: DataFrame, columns: list[ColumnType], before: bool =
 
     def field(row_image: Column, column: ColumnType) -> Column:
         """The column's value in a row image, under the name the record gave it."""
-        value = row_image[column.name]
+        value = row_image[column.field]
         for at, name in earlier.get(column.name, []):  # newest first: each wraps the later ones
             value = F.when(precedes(commit_lsn, lsn, at), row_image[name] if name is not None else F.lit(None)
                            ).otherwise(value)

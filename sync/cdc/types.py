@@ -66,13 +66,19 @@ NUMERIC_SOURCE_TYPES = {"NUMERIC", "DECIMAL", "MONEY"}
 
 @dataclass(frozen=True)
 class ColumnType:
-    name: str
+    name: str               # the column's name in Delta
     json_type: str          # Spark DDL type used to parse the value out of the JSON text
     delta_type: str         # Spark DDL type stored in the Delta table
     convert: str            # conversion from json_type to delta_type (see sync/cdc/decode.py)
     nullable: bool = True
     element: "ColumnType | None" = None  # arrays: how each element converts
     default: str | None = None  # the column's default as JSON text, when Debezium reports one
+    source_name: str | None = None  # its name in the change events, where Delta's differs (sync/cdc/decode.py `mirrored`)
+
+    @property
+    def field(self) -> str:
+        """The column's name in the change events' row images."""
+        return self.source_name or self.name
 
     def ddl(self) -> str:
         return f"{quoted(self.name)} {self.delta_type}"

@@ -57,7 +57,7 @@ from sync.streaming.offsets import Offsets
 
 VOLATILE = {"_applied_at"}  # when our job wrote the row, not what it wrote
 VERIFY_DRAIN_SECONDS = 600  # how long step 2b waits for the live runner
-LIVE, REBUILT = "__lakesync_live", "__lakesync_rebuilt"  # step 2d's count of a row on each side
+LIVE, REBUILT = "_lakesync_live", "_lakesync_rebuilt"  # step 2d's count of a row on each side
 
 
 class RebuildFailed(LakesyncError):

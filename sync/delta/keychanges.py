@@ -64,10 +64,10 @@ def fill_moved_values(spark: SparkSession, changes: DataFrame, keys: list[str], 
         moved = changes.where(MISSING_VALUES).select(*ID, *POSITION).join(rows, POSITION)
         changes = _fill(changes, moved.select(*ID, *[value for i, c in enumerate(data) for value in (
             F.col("row")[c].alias(f"_lakesync_value_{i}"), F.lit(c).alias(f"_lakesync_found_{i}"))]), data)
-    old_key_at = changes.where("_op = 'd'").select(F.struct(*columns(keys)).alias("old_key"), *POSITION)
+    old_key_at = changes.where("_op = 'd'").select(F.struct(*columns(keys)).alias("_lakesync_old_key"), *POSITION)
     if tombstones is not None:
         old_key_at = old_key_at.unionByName(
-            tombstones.select(F.struct(*columns(keys)).alias("old_key"), *POSITION))
+            tombstones.select(F.struct(*columns(keys)).alias("_lakesync_old_key"), *POSITION))
     # At the creates' positions only, once: the tombstones are read once, not every round.
     creates_at = changes.where(MISSING_VALUES).select(*POSITION)
     # (Distinct: a delete may be both in the batch and, from a replay, a tombstone, and
@@ -102,7 +102,7 @@ def rows_moved_away(spark: SparkSession, records: DataFrame, changes: DataFrame,
                  .select(commit_lsn.alias("_commit_lsn"), lsn.alias("_lsn")))
     creates = changes.where("_op = 'c'").select(*POSITION)
     deletes = (changes.where("_op = 'd'").join(positions, POSITION, "left_semi").join(creates, POSITION, "left_anti")
-               .select(*ID, *POSITION, F.struct(*columns(keys)).alias("old_key")).localCheckpoint())
+               .select(*ID, *POSITION, F.struct(*columns(keys)).alias("_lakesync_old_key")).localCheckpoint())
     if deletes.isEmpty():
         return None
     data = _data(changes, keys)
@@ -134,23 +134,23 @@ def _missing(moves: DataFrame) -> int:
 
 def _batch_rows(changes: DataFrame, keys: list[str], data: list[str]) -> DataFrame:
     """The batch's changes as sources of values: key, position, values, what they lack."""
-    return changes.where("_op != 'd'").select(F.struct(*columns(keys)).alias("key"), *POSITION, "_offset",
+    return changes.where("_op != 'd'").select(F.struct(*columns(keys)).alias("_lakesync_key"), *POSITION, "_offset",
                                               *columns(data), UNCHANGED)
 
 
 def _mirror_rows(mirror: DataFrame, keys: list[str], data: list[str]) -> DataFrame:
     """The mirror's rows as sources of values (a row lacks none; it orders before the batch)."""
-    return mirror.select(F.struct(*columns(keys)).alias("key"), *POSITION, F.lit(-1).cast("bigint").alias("_offset"),
+    return mirror.select(F.struct(*columns(keys)).alias("_lakesync_key"), *POSITION, F.lit(-1).cast("bigint").alias("_offset"),
                          *columns(data), F.array().cast("array<string>").alias(UNCHANGED))
 
 
 def _latest_before(moves: DataFrame, sources: DataFrame, data: list[str]) -> DataFrame:
-    """Per move (ID, position, `old_key`): each column's value in the latest of `sources`
+    """Per move (ID, position, `_lakesync_old_key`): each column's value in the latest of `sources`
     of its old key that is older than its position and carried it; `_lakesync_found_<i>`
     names the column where there is one."""
     earlier = later(("m._commit_lsn", "m._lsn"), ("s._commit_lsn", "s._lsn"))
     order = F.struct("s._commit_lsn", "s._lsn", "s._offset")
-    joined = moves.alias("m").join(sources.alias("s"), F.expr(f"s.key = m.old_key AND {earlier}"))
+    joined = moves.alias("m").join(sources.alias("s"), F.expr(f"s._lakesync_key = m._lakesync_old_key AND {earlier}"))
     found = []
     for i, column in enumerate(data):
         carried = ~F.array_contains(F.col(f"s.{UNCHANGED}"), column)

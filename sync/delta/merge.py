@@ -59,15 +59,15 @@ def latest_per_key(changes: DataFrame, keys: list[str]) -> DataFrame:
     """One change per key: the one with the highest (commit LSN, change LSN, offset)."""
     order = F.struct("_commit_lsn", "_lsn", "_offset")
     data = [c for c in changes.columns if c not in keys and c not in PROVENANCE and c != UNCHANGED]
-    aggregates = [F.max_by(F.struct(*PROVENANCE), order).alias("_latest")]
+    aggregates = [F.max_by(F.struct(*PROVENANCE), order).alias("_lakesync_latest")]
     for column in data:
         # max_by skips rows whose ordering is null: only changes that carried the value.
         carried = (F.col("_op") != "d") & ~F.array_contains(F.col(UNCHANGED), column)
         aggregates.append(F.max_by(F.col(quoted(column)), F.when(carried, order)).alias(column))
-        aggregates.append(F.max(F.when(carried, F.lit(True))).alias(f"_carried_{column}"))
-    unchanged = F.array_compact(F.array(*[F.when(F.col(quoted(f"_carried_{c}")).isNull(), F.lit(c)) for c in data]))
+        aggregates.append(F.max(F.when(carried, F.lit(True))).alias(f"_lakesync_carried_{column}"))
+    unchanged = F.array_compact(F.array(*[F.when(F.col(quoted(f"_lakesync_carried_{c}")).isNull(), F.lit(c)) for c in data]))
     latest = changes.groupBy(*columns(keys)).agg(*aggregates)
-    return latest.select(*columns(keys + data), *[F.col(f"_latest.{c}").alias(c) for c in PROVENANCE],
+    return latest.select(*columns(keys + data), *[F.col(f"_lakesync_latest.{c}").alias(c) for c in PROVENANCE],
                          unchanged.alias(UNCHANGED), F.current_timestamp().alias("_applied_at"))
 
 

@@ -31,8 +31,8 @@ from sync.cdc.ordering import newer_than_literal
 from sync.cdc.types import quoted
 
 ROW_IDENTITY = ["_topic", "_partition", "_offset"]  # the record that wrote a mirror row
-VALUE = "_value"  # hash of a row's columns
-SIGN = "_sign"    # +1 adds the row, -1 removes one copy of it
+VALUE = "_lakesync_value"  # hash of a row's columns
+SIGN = "_lakesync_sign"    # +1 adds the row, -1 removes one copy of it
 
 
 def _value_hash(columns: list[str], types: dict) -> Column:
@@ -59,10 +59,10 @@ def additions(signed: DataFrame) -> DataFrame:
     latest_first = per_value.orderBy(F.col(SIGN).desc(), F.col("_commit_lsn").desc(), F.col("_lsn").desc(),
                                      F.col("_offset").desc())
     # Window values go to columns first: Spark allows no window function in a filter.
-    return (signed.withColumn("_kept", F.sum(SIGN).over(per_value))
-            .withColumn("_rank", F.row_number().over(latest_first))
-            .where((F.col(SIGN) > 0) & (F.col("_rank") <= F.col("_kept")))
-            .drop("_kept", "_rank", SIGN, VALUE).withColumn("_applied_at", F.current_timestamp()))
+    return (signed.withColumn("_lakesync_kept", F.sum(SIGN).over(per_value))
+            .withColumn("_lakesync_rank", F.row_number().over(latest_first))
+            .where((F.col(SIGN) > 0) & (F.col("_lakesync_rank") <= F.col("_lakesync_kept")))
+            .drop("_lakesync_kept", "_lakesync_rank", SIGN, VALUE).withColumn("_applied_at", F.current_timestamp()))
 
 
 def copies_removed(signed: DataFrame, target: DeltaTable) -> DataFrame:
@@ -70,12 +70,12 @@ def copies_removed(signed: DataFrame, target: DeltaTable) -> DataFrame:
     batch removes beyond its own additions; their ROW_IDENTITY."""
     data = [c for c in signed.columns if c not in PROVENANCE and c not in (SIGN, VALUE)]
     types = {f.name: f.dataType for f in target.toDF().schema.fields}
-    excess = (signed.groupBy(VALUE).agg(F.sum(-F.col(SIGN)).alias("_excess")).where("_excess > 0"))
+    excess = (signed.groupBy(VALUE).agg(F.sum(-F.col(SIGN)).alias("_lakesync_excess")).where("_lakesync_excess > 0"))
     oldest_first = Window.partitionBy(VALUE).orderBy("_commit_lsn", "_lsn", "_offset")
     return (target.toDF().withColumn(VALUE, _value_hash(data, types))
             .join(F.broadcast(excess), VALUE)
-            .withColumn("_rank", F.row_number().over(oldest_first))
-            .where(F.col("_rank") <= F.col("_excess"))
+            .withColumn("_lakesync_rank", F.row_number().over(oldest_first))
+            .where(F.col("_lakesync_rank") <= F.col("_lakesync_excess"))
             # Checkpointed: a MERGE source that reads its own target cannot be resolved.
             .select(*ROW_IDENTITY).localCheckpoint())
 

@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sync.cdc.columns import ColumnChange, precedes
-from sync.cdc.decode import convert
+from sync.cdc.decode import convert, mirrored
 from sync.cdc.ordering import Position, newer_than_literal, parse_sequence, position_columns
 from sync.cdc.types import ColumnType, quoted
 from sync.delta.merge import ensure_table, table_properties
@@ -134,7 +134,7 @@ def follow_column_changes(spark: SparkSession, path: str, changes: list[ColumnCh
     records came before the change's record, and added it as a new column) copies the
     old column into it for the rows older than the rename, then drops the old one.
     `also`: Delta tables keyed like it (the tombstones), whose key columns are renamed
-    with it."""
+    with it. `changes` name the columns as Postgres does; the mirror as `mirrored`."""
     if not DeltaTable.isDeltaTable(spark, path):
         return
     properties = table_properties(spark, path)
@@ -144,23 +144,23 @@ def follow_column_changes(spark: SparkSession, path: str, changes: list[ColumnCh
         _with_column_mapping(spark, path, properties)
     table = f"delta.`{path}`"
     for change in pending:
+        old, new = mirrored(change.old), None if change.new is None else mirrored(change.new)
         present = set(spark.read.format("delta").load(path).columns)
-        if change.old in present:
-            if change.new is None:
-                spark.sql(f"ALTER TABLE {table} DROP COLUMN {quoted(change.old)}")
-            elif change.new not in present:
-                spark.sql(f"ALTER TABLE {table} RENAME COLUMN {quoted(change.old)} TO {quoted(change.new)}")
+        if old in present:
+            if new is None:
+                spark.sql(f"ALTER TABLE {table} DROP COLUMN {quoted(old)}")
+            elif new not in present:
+                spark.sql(f"ALTER TABLE {table} RENAME COLUMN {quoted(old)} TO {quoted(new)}")
             else:
                 older = precedes(F.col("_commit_lsn"), F.col("_lsn"), change.at)
-                DeltaTable.forPath(spark, path).update(older, {quoted(change.new): F.col(quoted(change.old))})
-                spark.sql(f"ALTER TABLE {table} DROP COLUMN {quoted(change.old)}")
+                DeltaTable.forPath(spark, path).update(older, {quoted(new): F.col(quoted(old))})
+                spark.sql(f"ALTER TABLE {table} DROP COLUMN {quoted(old)}")
         for other in also:
-            if change.new is not None and DeltaTable.isDeltaTable(spark, other):
+            if new is not None and DeltaTable.isDeltaTable(spark, other):
                 columns = set(spark.read.format("delta").load(other).columns)
-                if change.old in columns and change.new not in columns:
+                if old in columns and new not in columns:
                     _with_column_mapping(spark, other)
-                    spark.sql(f"ALTER TABLE delta.`{other}` RENAME COLUMN {quoted(change.old)} "
-                              f"TO {quoted(change.new)}")
+                    spark.sql(f"ALTER TABLE delta.`{other}` RENAME COLUMN {quoted(old)} TO {quoted(new)}")
         spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ("
                   + ", ".join(f"'{k}' = {sql_string(v)}" for k, v in column_changes_property(change.at).items()) + ")")
 
@@ -199,7 +199,7 @@ def finish_backfill(spark: SparkSession, path: str, columns: list[ColumnType],
 
 def _backfill(records: DataFrame, with_default: list[ColumnType]) -> str:
     """The pending backfill of columns added with a default (step 1), as recorded."""
-    first = _first_position_carrying(records, [c.name for c in with_default])
+    first = _first_position_carrying(records, [c.field for c in with_default])
     return json.dumps({"before": list(first), "defaults": {c.name: c.default for c in with_default}})
 
 
@@ -217,7 +217,7 @@ def _backfill_of_new_table(records: DataFrame, with_default: list[ColumnType]) -
     fields = json.loads(first["schema"]).get("fields", [])
     after = next((f.get("fields", []) for f in fields if f.get("field") == "after"), [])
     carried = {f.get("field") for f in after}
-    missing = [c for c in with_default if c.name not in carried]
+    missing = [c for c in with_default if c.field not in carried]
     return _backfill(records, missing) if missing else None
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from sync.cdc.decode import OWN_COLUMNS, WORKING_PREFIX, as_mirrored, mirrored
 from sync.cdc.types import ColumnType, column_type, key_columns, quoted, table_columns
 
 
@@ -76,3 +77,20 @@ def test_table_and_key_columns_from_envelope_schemas():
 def test_any_column_name_is_one_quoted_identifier(name, identifier):
     assert quoted(name) == identifier
     assert ColumnType(name, "string", "string", "none").ddl() == f"{identifier} string"
+
+
+def test_a_column_named_like_lakesyncs_own_takes_one_more_underscore_in_its_mirror():
+    assert [mirrored(n) for n in ["_op", "__op", "_applied_at", "_unchanged", "_lakesync_key", "__lakesync_x"]] == [
+        "__op", "___op", "__applied_at", "__unchanged", "__lakesync_key", "___lakesync_x"]
+    assert [mirrored(n) for n in ["op", "_opx", "_private", "key", "lakesync_key", "Note Text", "_Op"]] == [
+        "op", "_opx", "_private", "key", "lakesync_key", "Note Text", "_Op"]
+    names = ["_op", "__op", "___op", "_lsn", "__lsn", "_lakesync_", "__lakesync_", "x", "_x", "__x"]
+    taken = [mirrored(n) for n in names]
+    assert len(set(taken)) == len(names)  # no two columns share a name...
+    assert not set(taken) & (set(OWN_COLUMNS) | {n for n in taken if n.startswith(WORKING_PREFIX)})  # ...or Lakesync's
+
+
+def test_a_mirrored_column_is_still_read_by_its_own_name():
+    own, renamed = as_mirrored([ColumnType("id", "int", "int", "none"), ColumnType("_op", "string", "string", "none")])
+    assert (own.name, own.field) == ("id", "id")
+    assert (renamed.name, renamed.field, renamed.ddl()) == ("__op", "_op", "`__op` string")
