@@ -10,6 +10,9 @@ JARS   := build/jvm/.resolved
 # (sync/streaming/spark.py `archive_classes`): each later Spark process starts seconds sooner.
 CLASSES := build/jvm/spark-classes.jsa
 
+# docker-compose.yml's loader (compose-go, as Docker Compose v2 loads it), for tests/unit/test_compose.py.
+COMPOSECHECK := build/composecheck
+
 .PHONY: demo test chaos bench bench-down unit e2e venv jars up down clean
 
 demo: venv jars
@@ -17,7 +20,7 @@ demo: venv jars
 
 # Two workers (pytest-xdist): the end-to-end tests in one, everything needing no stack in the
 # other (the groups: tests/conftest.py).
-test: venv jars
+test: venv jars $(COMPOSECHECK)
 	$(BIN)/python -m pytest tests --ignore=tests/chaos -n 2 --dist loadgroup
 
 # Kills and restarts under a workload; its own stack session (.ci/run runs it after test).
@@ -36,7 +39,7 @@ bench: venv jars
 bench-down:
 	$(BENCH_ENV) $(BIN)/lakesync down
 
-unit: venv
+unit: venv $(COMPOSECHECK)
 	$(BIN)/python -m pytest tests/unit
 
 e2e: venv jars
@@ -55,6 +58,11 @@ $(BIN)/lakesync: requirements.txt pyproject.toml
 	touch $@
 
 jars: $(JARS) $(CLASSES)
+
+# Go from the machine, compose-go and its dependencies from the Go module proxy (pinned by go.sum).
+$(COMPOSECHECK): tests/compose/main.go tests/compose/go.mod tests/compose/go.sum
+	@command -v go >/dev/null || { echo "Go is required to build the Compose file's checker" >&2; exit 2; }
+	cd tests/compose && GOFLAGS=-mod=readonly go build -o $(CURDIR)/$@ .
 
 $(JARS): jvm/pom.xml jvm/kafka/pom.xml jvm/spark/pom.xml jvm/smt/pom.xml jvm/opensearch/pom.xml $(shell find jvm/smt/src -type f)
 	@command -v mvn >/dev/null || { echo "Maven (mvn) is required to resolve the JVM jars: apt-get install maven" >&2; exit 2; }

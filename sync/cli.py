@@ -206,7 +206,7 @@ def _positive(kind):
 def cmd_demo(settings, args) -> int:
     from sync import demo
 
-    return demo.main(settings)
+    return demo.main(settings, external=args.external)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -225,7 +225,11 @@ def parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run every projection")
     run.add_argument("--once", action="store_true", help="process what is in Kafka now, then exit")
     run.set_defaults(func=cmd_run)
-    sub.add_parser("demo", help="up, seed, workload, run, summary").set_defaults(func=cmd_demo)
+    demo = sub.add_parser("demo", help="up, seed, workload, run, summary")
+    demo.add_argument("--external", action="store_true",
+                      help="on the services the environment points at (docker-compose.yml): `up --external` "
+                           "instead of the embedded stack")
+    demo.set_defaults(func=cmd_demo)
     status = sub.add_parser("status", help="health, slot lag, connector tasks, per-projection lag")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)

@@ -184,12 +184,16 @@ def show_views(settings: Settings) -> None:
             print(json.dumps({k: v for k, v in summary.asDict().items() if k != "_applied_at"}, default=str))
 
 
-def main(settings: Settings) -> int:
+def main(settings: Settings, external: bool = False) -> int:
     from projections.ledger import audit, balances_path, ledger_path
     from sync.commands import freshness, verify
 
-    print(f"1/6 starting the embedded stack in {settings.home}")
-    stack.up(settings)
+    if external:
+        print("1/6 migrations and the connector on your own services (addresses from the environment)")
+        stack.connect_external(settings)
+    else:
+        print(f"1/6 starting the embedded stack in {settings.home}")
+        stack.up(settings)
     schema.create(settings)  # the demo's tables: the demo is an application like any other
     rng = random.Random(42)
     print("2/6 seeding the demo schema and opening the bank's accounts")
