@@ -127,10 +127,12 @@ def pytest_collection_modifyitems(items):
     """The rebuild test first among the end-to-end tests: it replays every topic from
     offset zero, and the history is shortest at the start of the session (on two cores,
     minutes less than at the end). The tests after it run on the swapped-in generations.
-    The event-time test last: its event times, two days ahead, move the watermarks, after
-    which every posting another test made would be late for its windows."""
+    The event-time test last but one: its event times, two days ahead, move the watermarks,
+    after which every posting another test made would be late for its windows. The readers'
+    test last: by then every kind of table exists."""
     rebuild = [item for item in items if item.path.name == "test_rebuild.py"]
-    last = [item for item in items if item.path.name == "test_event_time.py" and item.path.parent.name == "e2e"]
+    last = [item for name in ("test_event_time.py", "test_readers.py") for item in items
+            if item.path.name == name and item.path.parent.name == "e2e"]
     rest = [item for item in items if item not in rebuild and item not in last]
     first_e2e = next((n for n, item in enumerate(rest) if item.path.parent.name == "e2e"), len(rest))
     after_e2e = max((n + 1 for n, item in enumerate(rest) if item.path.parent.name == "e2e"), default=len(rest))

@@ -138,4 +138,4 @@ def test_verify_catches_a_hand_altered_mirror_row(db, synced, spark, stack):
 
     # A newer change in Postgres heals it: the log, not the copy, is the truth.
     db.execute("UPDATE public.tampered SET v = 'healed' WHERE id = 7")
-    synced()  # every target, in this process (a second `lakesync verify` would start another Spark)
+    synced("tampered")  # (the verify above found every other target equal to Postgres)

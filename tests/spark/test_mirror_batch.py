@@ -21,6 +21,7 @@ from sync.cdc.decode import KEYLESS_KEY_SCHEMA, UNAVAILABLE
 from sync.delta import deadletters, fencing
 from sync.delta.merge import ensure_table
 from sync.errors import Fenced
+from tests.delta_readers import duckdb_rows, duckdb_with_delta, latest_version, spark_rows
 
 pytestmark = pytest.mark.spark
 
@@ -425,6 +426,9 @@ def test_deletion_vectors_come_on_once_a_merge_copies_many_rows(spark, settings,
     files = DeltaTable.forPath(spark, path).history(1).first()["operationMetrics"]
     # The last MERGE marked the changed rows' old versions; it copied none.
     assert int(files["numTargetDeletionVectorsAdded"]) >= 1 and int(files["numTargetRowsCopied"]) == 0
+    # A reader without Spark honours them (docs/operations.md, "Reading the tables").
+    version = latest_version(path)
+    assert duckdb_rows(duckdb_with_delta(), path, version) == spark_rows(spark, path, version)
 
 
 WITH_STOCK = FIELDS[:3] + [{"type": "int32", "optional": True, "default": 7, "field": "stock"}]
