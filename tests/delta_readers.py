@@ -52,6 +52,15 @@ def latest_version(path: str) -> int:
     return max(int(f.name[:20]) for f in Path(path, "_delta_log").glob("*.json"))
 
 
+def reader_features(path: str) -> set[str]:
+    """The reader features of the table's newest protocol."""
+    protocol = {}
+    for commit in sorted(Path(path, "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            protocol = json.loads(line).get("protocol", protocol)
+    return set(protocol.get("readerFeatures", []))
+
+
 def duckdb_rows(connection: duckdb.DuckDBPyConnection, path: str, version: int) -> Counter:
     """The table's rows at `version` as DuckDB reads them (through Arrow: its own
     conversion of a timestamp with time zone needs pytz)."""

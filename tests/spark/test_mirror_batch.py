@@ -21,7 +21,7 @@ from sync.cdc.decode import KEYLESS_KEY_SCHEMA, UNAVAILABLE
 from sync.delta import deadletters, fencing
 from sync.delta.merge import ensure_table
 from sync.errors import Fenced
-from tests.delta_readers import duckdb_rows, duckdb_with_delta, latest_version, spark_rows
+from tests.delta_readers import duckdb_rows, duckdb_with_delta, latest_version, reader_features, spark_rows
 
 pytestmark = pytest.mark.spark
 
@@ -293,6 +293,11 @@ def test_widened_type_is_applied_and_an_incompatible_one_stops_the_mirror(spark,
     apply(batch(spark, [_evolved(as_bigint, 2, 20, 21, qty=2**40)], 1), 1)
     rows = mirror(spark, settings)
     assert (rows[1]["qty"], rows[2]["qty"]) == (5, 2**40)
+    # A reader without Spark reads the widened table (docs/operations.md, "Reading the tables").
+    path = str(mirrors.mirror_path(settings, "widgets"))
+    version = latest_version(path)
+    assert "typeWidening" in reader_features(path)
+    assert duckdb_rows(duckdb_with_delta(), path, version) == spark_rows(spark, path, version)
     apply(batch(spark, [_evolved(as_text, 3, 30, 31, qty="many")], 2), 2)
     assert set(mirror(spark, settings)) == {1, 2}
     letters = spark.read.format("delta").load(deadletters.path(settings, "mirrors")).collect()
@@ -428,6 +433,7 @@ def test_deletion_vectors_come_on_once_a_merge_copies_many_rows(spark, settings,
     assert int(files["numTargetDeletionVectorsAdded"]) >= 1 and int(files["numTargetRowsCopied"]) == 0
     # A reader without Spark honours them (docs/operations.md, "Reading the tables").
     version = latest_version(path)
+    assert "deletionVectors" in reader_features(path)
     assert duckdb_rows(duckdb_with_delta(), path, version) == spark_rows(spark, path, version)
 
 
