@@ -50,7 +50,7 @@ def canonical(value: Any, pg_type: str) -> Any:
         # Postgres gives JSON text, Delta a struct or array (a nested document): both become
         # plain values, numbers exact (Decimal, normalised), then one canonical JSON text.
         parsed = json.loads(value, parse_float=Decimal) if isinstance(value, str) else value
-        return json.dumps(_plain(parsed), sort_keys=True, separators=(",", ":"))
+        return json.dumps(plain_value(parsed), sort_keys=True, separators=(",", ":"))
     if pg_type == "bytea":
         return bytes(value).hex()
     if pg_type == "uuid":
@@ -76,19 +76,24 @@ def canonical(value: Any, pg_type: str) -> Any:
     return str(value)
 
 
-def _plain(value: Any) -> Any:
-    """A nested value (Spark Row, list, dict, Decimal) as JSON-able plain values."""
+def plain_value(value: Any) -> Any:
+    """A nested value (Spark Row, list, dict, Decimal, bytes) as JSON-able plain values; a
+    timestamp with a zone as its UTC time without one (as Spark gives it in UTC)."""
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
     if hasattr(value, "asDict"):
         value = value.asDict(recursive=False)
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain_value(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain_value(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
     if isinstance(value, Decimal):
         return format(value.normalize(), "f") if value.is_finite() else str(value)
     if isinstance(value, float):
         return format(Decimal(repr(value)).normalize(), "f")
-    if isinstance(value, (dt.datetime, dt.date)):
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
         return value.isoformat()
     return value
 

@@ -285,10 +285,12 @@ def _captured_since(path: Path) -> list[str]:
 
 def read_secrets(settings: Settings) -> dict[str, str]:
     """Role passwords of the embedded stack (Java properties format, shared with Connect)."""
-    if not settings.secrets_file.exists():
-        return {}
-    pairs = (line.split("=", 1) for line in settings.secrets_file.read_text().splitlines()
-             if "=" in line and not line.startswith("#"))
+    return parse_properties(settings.secrets_file.read_text()) if settings.secrets_file.exists() else {}
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Java properties text (key=value lines; # comments) as a dict."""
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
     return {key.strip(): value.strip() for key, value in pairs}
 
 

@@ -1,14 +1,14 @@
 """A second Delta reader for the tests: DuckDB's delta extension (delta-kernel, no Spark,
 no JVM), and the rows of a table as both it and Spark read them, comparable."""
 
-import datetime as dt
 import json
 from collections import Counter
-from decimal import Decimal
 from pathlib import Path
 
 import duckdb
 import duckdb_extension_delta
+
+from sync.compare import plain_value
 
 
 def duckdb_with_delta() -> duckdb.DuckDBPyConnection:
@@ -20,36 +20,8 @@ def duckdb_with_delta() -> duckdb.DuckDBPyConnection:
     return connection
 
 
-def plain(value):
-    """One value as both readers' rows can be compared: Spark gives a UTC timestamp naive
-    (its session's zone), DuckDB aware; a struct is a Row or a dict; binary is bytes."""
-    if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
-    if hasattr(value, "asDict"):
-        value = value.asDict(recursive=False)
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).hex()
-    if isinstance(value, Decimal):
-        return format(value, "f")
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, (dt.datetime, dt.date, dt.time)):
-        return value.isoformat()
-    return value
-
-
 def _rows(dicts) -> Counter:
-    return Counter(json.dumps({c: plain(v) for c, v in row.items()}, sort_keys=True) for row in dicts)
-
-
-def latest_version(path: str) -> int:
-    """The table's newest version, from its log's commit files (a table's log keeps them
-    30 days; the tests' tables are younger)."""
-    return max(int(f.name[:20]) for f in Path(path, "_delta_log").glob("*.json"))
+    return Counter(json.dumps({c: plain_value(v) for c, v in row.items()}, sort_keys=True) for row in dicts)
 
 
 def reader_features(path: str) -> set[str]:

@@ -60,8 +60,7 @@ def mirrored(name: str) -> str:
 
 def as_mirrored(columns: list[ColumnType]) -> list[ColumnType]:
     """`columns` under their names in the mirror, each still read by its own (`field`)."""
-    return [replace(c, name=mirrored(c.name), source_name=c.field) if mirrored(c.name) != c.name else c
-            for c in columns]
+    return [replace(c, name=mirrored(c.name), source_name=c.field) for c in columns]
 
 
 def is_keyless(key: Column) -> Column:

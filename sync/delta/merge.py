@@ -260,11 +260,9 @@ def deletion_vectors_if_copying(spark: SparkSession, path: str) -> None:
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')")
 
 
-def last_commit_info(path: str) -> dict:
-    """The commitInfo action of the table's latest version, read from its log file
-    (DeltaTable.history(1) runs a Spark job for it: 0.4 s a call here). The latest
-    version is found from the last checkpoint on (at most a checkpoint interval of files
-    to probe), not by listing the whole log."""
+def latest_version(path: str) -> int:
+    """The table's latest version, from its log's files: from the last checkpoint on (at
+    most a checkpoint interval of files to probe), not by listing the whole log."""
     log = Path(path) / "_delta_log"
     checkpoint = log / "_last_checkpoint"
     try:
@@ -273,7 +271,13 @@ def last_commit_info(path: str) -> dict:
         version = 0
     while (log / f"{version + 1:020d}.json").exists():
         version += 1
-    return _commit_info(log / f"{version:020d}.json")
+    return version
+
+
+def last_commit_info(path: str) -> dict:
+    """The commitInfo action of the table's latest version, read from its log file
+    (DeltaTable.history(1) runs a Spark job for it: 0.4 s a call here)."""
+    return _commit_info(Path(path) / "_delta_log" / f"{latest_version(path):020d}.json")
 
 
 def _commit_info(commit: Path) -> dict:

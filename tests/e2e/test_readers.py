@@ -12,7 +12,8 @@ import pytest
 from delta.tables import DeltaTable
 
 from sync.commands import all_projections
-from tests.delta_readers import duckdb_rows, duckdb_with_delta, latest_version, reader_features, spark_rows
+from sync.delta.merge import latest_version
+from tests.delta_readers import duckdb_rows, duckdb_with_delta, reader_features, spark_rows
 from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.e2e

@@ -19,9 +19,9 @@ from sync import config
 from sync.bench import merge_scaling
 from sync.cdc.decode import KEYLESS_KEY_SCHEMA, UNAVAILABLE
 from sync.delta import deadletters, fencing
-from sync.delta.merge import ensure_table
+from sync.delta.merge import ensure_table, latest_version
 from sync.errors import Fenced
-from tests.delta_readers import duckdb_rows, duckdb_with_delta, latest_version, reader_features, spark_rows
+from tests.delta_readers import duckdb_rows, duckdb_with_delta, reader_features, spark_rows
 
 pytestmark = pytest.mark.spark
 

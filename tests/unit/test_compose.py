@@ -53,10 +53,6 @@ def header():
     return exports
 
 
-def properties(text: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
-
-
 def pom_property(path: str, name: str) -> str:
     found = ET.parse(config.ROOT / path).getroot().find(f".//{{http://maven.apache.org/POM/4.0.0}}{name}")
     assert found is not None, name
@@ -98,11 +94,11 @@ def test_the_connect_worker_and_the_broker_are_set_up_as_the_embedded_ones(proje
     environment = project["services"]["connect"]["environment"]
     worker = {CONNECT_NAMES.get(k) or k.removeprefix("CONNECT_").lower().replace("_", "."): v
               for k, v in environment.items() if k in CONNECT_NAMES or k.startswith("CONNECT_")}
-    embedded = {k: v for k, v in properties(Connect(settings).properties()).items() if k not in PLACES}
+    embedded = {k: v for k, v in config.parse_properties(Connect(settings).properties()).items() if k not in PLACES}
     assert {k: worker.get(k) for k in embedded} == embedded
     broker = {k.removeprefix("KAFKA_").lower().replace("_", "."): v
               for k, v in project["services"]["kafka"]["environment"].items()}
-    embedded = {k: v for k, v in properties(Kafka(settings).properties()).items() if k not in PLACES}
+    embedded = {k: v for k, v in config.parse_properties(Kafka(settings).properties()).items() if k not in PLACES}
     assert {k: broker.get(k) for k in embedded} == embedded
 
 
