@@ -87,9 +87,10 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
         .config("spark.sql.codegen.cache.maxEntries", "5000")
         # Tungsten's memory page, which every sort and hash-aggregate task allocates whole
         # however few its rows: by default the heap / cores / 16 rounded up (64 MB with a
-        # 3 GB driver). Under the demo's workload the runner's old generation held 1.9 GB
-        # of such pages and G1 ran ~90 concurrent cycles; with 2 MB pages 0.6-0.8 GB and ~17
-        # (docs/benchmark.md). A larger record or map still gets a page of its own size.
+        # 3 GB driver). Under the demo's workload the runner's old generation grew to 1.9 GB,
+        # 1.1 GB of it such pages still live after a full GC, and G1 ran ~90 concurrent
+        # cycles; with 2 MB pages 0.6-0.8 GB and ~17 (docs/benchmark.md). A larger record
+        # still gets a page of its own size.
         .config("spark.buffer.pageSize", "2m")
         # Delta's own settings: its log state is small here; 50 partitions (the default)
         # cost seconds per commit on two cores.
