@@ -59,6 +59,9 @@ class Load:
     tier, product price) and 15% deletes (old orders and their lines)."""
 
     def __init__(self, conn: psycopg.Connection, rng: random.Random):
+        # In autocommit, each `transaction()` commits on its own; otherwise psycopg nests it
+        # as a savepoint of one implicit transaction that would hold the whole load.
+        conn.autocommit = True
         self.conn, self.rng = conn, rng
         self.counts = Counts()
         (self.max_order,) = conn.execute("SELECT coalesce(max(id), 0) FROM orders").fetchone()
