@@ -56,21 +56,30 @@ def changelog_path(settings: Settings) -> str:
     return str(catalog.root(settings, NAME) / "changelog")
 
 
+# The envelope's parts the changelog keeps; the row images stay JSON text.
+ENVELOPE = ("struct<payload: struct<before: string, after: string, op: string, "
+            "source: struct<schema: string, table: string, sequence: string, txId: bigint, ts_us: bigint>>>")
+
+
 def as_changelog(records: DataFrame) -> DataFrame:
     """Kafka records -> changelog rows (pure column expressions, no decoding by type)."""
-    value = F.col("value").cast("string")
-    payload = lambda path: F.get_json_object(value, f"$.payload.{path}")  # noqa: E731
-    commit_lsn, lsn = position_columns(payload("source.sequence"))
-    return records.where(F.col("value").isNotNull()).select(
-        F.concat_ws(".", payload("source.schema"), payload("source.table")).alias("table"),
-        payload("op").alias("_op"),
+    # Each record parsed once, in a projection of its own: Spark does not inline an
+    # expensive expression that the next projection uses several times.
+    parsed = records.where(F.col("value").isNotNull()).select(
+        F.from_json(F.col("value").cast("string"), ENVELOPE)["payload"].alias("change"), "key", "topic", "partition",
+        "offset", "timestamp")
+    change = F.col("change")
+    commit_lsn, lsn = position_columns(change["source"]["sequence"])
+    return parsed.select(
+        F.concat_ws(".", change["source"]["schema"], change["source"]["table"]).alias("table"),
+        change["op"].alias("_op"),
         F.when(~is_keyless(F.col("key")), F.get_json_object(F.col("key").cast("string"), "$.payload")).alias("key"),
-        payload("before").alias("before"),
-        payload("after").alias("after"),
+        change["before"].alias("before"),
+        change["after"].alias("after"),
         commit_lsn.alias("_commit_lsn"),
         lsn.alias("_lsn"),
-        payload("source.txId").cast("bigint").alias("_txid"),
-        F.timestamp_micros(payload("source.ts_us").cast("bigint")).alias("_source_ts"),
+        change["source"]["txId"].alias("_txid"),
+        F.timestamp_micros(change["source"]["ts_us"]).alias("_source_ts"),
         F.col("topic").alias("_topic"),
         F.col("partition").alias("_partition"),
         F.col("offset").alias("_offset"),

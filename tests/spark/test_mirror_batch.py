@@ -13,8 +13,9 @@ from decimal import Decimal
 
 import pytest
 from delta.tables import DeltaTable
+from pyspark.sql import functions as F
 
-from projections import mirrors
+from projections import changelog, mirrors
 from sync import config
 from sync.bench import merge_scaling
 from sync.cdc.decode import KEYLESS_KEY_SCHEMA, UNAVAILABLE
@@ -322,6 +323,22 @@ def test_any_column_name_postgres_allows_is_mirrored(spark, settings):
     assert [rows[1][n] for n in ODD_NAMES] == ["Note Text!"] + ["changed"] * (len(ODD_NAMES) - 1)
     assert [rows[2][n] for n in ODD_NAMES] == ["two"] * len(ODD_NAMES)
     assert (rows[1]["new 'one'"], rows[2]["new 'one'"]) == (8, 7)
+
+
+def test_columns_named_payload_and_schema_holding_envelope_text_are_read_exactly(spark, settings):
+    """A row's own `payload` and `schema` are not the envelope's, in the mirrors and the changelog."""
+    text = {"type": "string", "optional": True}
+    fields = [FIELDS[0], {**text, "field": "payload"}, {**text, "field": "schema"}]
+    envelope = '{"schema":{"type":"struct"},"payload":{"op":"d","after":null}}'
+    records = batch(spark, [_evolved(fields, 1, 10, 11, payload=envelope, schema=envelope),
+                            _change(fields, "u", 1, 20, 21, payload="later", schema=envelope)])
+    new_batch(spark, settings)(records, 0)
+    assert (mirror(spark, settings)[1]["payload"], mirror(spark, settings)[1]["schema"]) == ("later", envelope)
+    kafka_records = records.withColumn("timestamp", F.current_timestamp())  # the Kafka source's column too
+    logged = changelog.as_changelog(kafka_records).orderBy("_offset").collect()
+    assert [row["_op"] for row in logged] == ["c", "u"]
+    assert json.loads(logged[0]["after"]) == {"id": 1, "payload": envelope, "schema": envelope}
+    assert [(row["_commit_lsn"], row["_lsn"], row["_txid"]) for row in logged] == [(10, 11, 10), (20, 21, 20)]
 
 
 CLASHING = ["_op", "__op", "_lsn", "_unchanged", "_lakesync_value_0", "key"]  # key: keychanges' working names
