@@ -31,7 +31,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from projections.mirrors import TOPICS, table_keys
 from sync.cdc.columns import earlier_names, read_history
-from sync.cdc.decode import is_keyless
+from sync.cdc.decode import SOURCE_STRUCT, is_keyless
 from sync.cdc.ordering import position_columns
 from sync.compare import Report, compare
 from sync.config import TABLE_DROPS_TABLE, CaptureSet, Settings, pg_quoted
@@ -56,9 +56,8 @@ def changelog_path(settings: Settings) -> str:
     return str(catalog.root(settings, NAME) / "changelog")
 
 
-# The envelope's parts the changelog keeps; the row images stay JSON text.
-ENVELOPE = ("struct<payload: struct<before: string, after: string, op: string, "
-            "source: struct<schema: string, table: string, sequence: string, txId: bigint, ts_us: bigint>>>")
+# The envelope as the changelog reads it: the row images stay JSON text.
+ENVELOPE = f"struct<payload: struct<before: string, after: string, op: string, source: {SOURCE_STRUCT}>>"
 
 
 def as_changelog(records: DataFrame) -> DataFrame:

@@ -333,7 +333,8 @@ def test_columns_named_payload_and_schema_holding_envelope_text_are_read_exactly
     records = batch(spark, [_evolved(fields, 1, 10, 11, payload=envelope, schema=envelope),
                             _change(fields, "u", 1, 20, 21, payload="later", schema=envelope)])
     new_batch(spark, settings)(records, 0)
-    assert (mirror(spark, settings)[1]["payload"], mirror(spark, settings)[1]["schema"]) == ("later", envelope)
+    row = mirror(spark, settings)[1]
+    assert (row["payload"], row["schema"]) == ("later", envelope)
     kafka_records = records.withColumn("timestamp", F.current_timestamp())  # the Kafka source's column too
     logged = changelog.as_changelog(kafka_records).orderBy("_offset").collect()
     assert [row["_op"] for row in logged] == ["c", "u"]
