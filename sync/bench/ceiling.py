@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sync.config import Settings
+from sync.streaming.stream import CONSUMER_OPTIONS
 
 Ranges = dict[tuple[str, int], tuple[int, int]]
 
@@ -31,7 +32,7 @@ def read(spark: SparkSession, settings: Settings, ranges: Ranges):
             .option("assign", json.dumps({t: [int(p) for p in ps] for t, ps in starts.items()}))
             .option("startingOffsets", json.dumps(starts))
             .option("endingOffsets", json.dumps(ends))
-            .option("kafka.isolation.level", "read_committed")  # as the projections read
+            .options(**CONSUMER_OPTIONS)  # as the projections read
             .load())
 
 

@@ -83,7 +83,9 @@ def apply_topics(bootstrap: str, ranges: dict[str, tuple[int, int]], lake: Path,
     started = time.monotonic()
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "lakesync-bench-peer",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "enable.partition.eof": True})
+                         # As Lakesync's reads (sync/streaming/stream.py CONSUMER_OPTIONS): no
+                         # half-second wait at a range's closing transaction marker.
+                         "enable.partition.eof": True, "fetch.wait.max.ms": 10})
     events = merges = 0
     tables = []
     try:
