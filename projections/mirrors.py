@@ -688,16 +688,18 @@ def _refused(table: TablePlan) -> list[DeadLetter]:
                 for row in undecodable.collect()]
     data = [c for c in changes.columns if c not in PROVENANCE and c not in (UNCHANGED, ERROR)]
     content = F.xxhash64(*[F.col(quoted(c)) for c in data], F.col("_op"))
-    offsets = F.struct("_topic", "_partition", "_offset")
-    repeated = (changes.where(F.col(ERROR).isNull())
-                .groupBy(*columns(table.keys), "_commit_lsn", "_lsn")
-                # More than one content: its least and greatest differ (no distinct count,
-                # which expands the rows once more: 50k changes 0.50 -> 0.35 s, 400 0.28 -> 0.24 s).
-                .agg(F.min(content).alias("least"), F.max(content).alias("greatest"),
-                     F.collect_list(offsets).alias("records"))
-                .where("least != greatest")
-                .select(F.explode("records").alias("r"))
-                .select("r.*", F.lit("repeated source position with different content").alias(ERROR)))
+    decoded = changes.where(F.col(ERROR).isNull())
+    # The positions with more than one content: their least and greatest differ. (No distinct
+    # count, which expands the rows once more; and no list of each position's records, an
+    # object aggregate over every change: the rare positions found are joined back instead,
+    # a join adaptive execution drops when there are none. 117k changes 0.46 -> 0.22 s.)
+    conflicts = (decoded.groupBy(*columns(table.keys), "_commit_lsn", "_lsn")
+                 .agg(F.min(content).alias("least"), F.max(content).alias("greatest"))
+                 .where("least != greatest").drop("least", "greatest"))
+    same = " AND ".join(f"r.{quoted(c)} = c.{quoted(c)}" for c in [*table.keys, "_commit_lsn", "_lsn"])
+    repeated = (decoded.alias("r").join(conflicts.alias("c"), F.expr(same), "left_semi")
+                .select("_topic", "_partition", "_offset",
+                        F.lit("repeated source position with different content").alias(ERROR)))
     return [DeadLetter(row["_topic"], row["_partition"], row["_offset"], table.name, row[ERROR])
             for row in undecodable.unionByName(repeated).collect()]
 

@@ -224,20 +224,23 @@ def test_records_that_cannot_be_applied_go_to_the_dead_letters(spark, settings):
             (key, json.dumps(positionless).encode()),
             (nan_key, nan_value),
             event("c", 6, 10, 16, "one content"),
-            event("c", 6, 10, 16, "another content at the same position")]
+            event("c", 6, 10, 16, "another content at the same position"),
+            # A snapshot read's position (commit LSN 0) likewise.
+            event("r", 7, None, 17, "one snapshot content"),
+            event("r", 7, None, 17, "another snapshot content")]
     apply(batch(spark, rows), 0)
     assert set(mirror(spark, settings)) == {1}
     letters = spark.read.format("delta").load(deadletters.path(settings, "mirrors")).collect()
     errors = sorted((r["offset"], r["error"]) for r in letters)
-    assert [offset for offset, _ in errors] == [1, 2, 3, 4, 5]
+    assert [offset for offset, _ in errors] == [1, 2, 3, 4, 5, 6, 7]
     assert "not a Debezium change event" in errors[0][1]
     assert "source position" in errors[1][1]
     assert "price" in errors[2][1]
-    assert "repeated source position" in errors[3][1] and "repeated source position" in errors[4][1]
+    assert all("repeated source position" in error for _, error in errors[3:])
     assert all(r["value"] is not None and r["projection"] == "mirrors" for r in letters)
     # Replaying the batch adds no second copy.
     apply(batch(spark, rows), 0)
-    assert spark.read.format("delta").load(deadletters.path(settings, "mirrors")).count() == 5
+    assert spark.read.format("delta").load(deadletters.path(settings, "mirrors")).count() == 7
 
 
 def test_a_zombie_writer_is_fenced(spark, settings):
