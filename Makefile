@@ -64,7 +64,8 @@ $(COMPOSECHECK): tests/compose/main.go tests/compose/go.mod tests/compose/go.sum
 	@command -v go >/dev/null || { echo "Go is required to build the Compose file's checker" >&2; exit 2; }
 	cd tests/compose && GOFLAGS=-mod=readonly go build -o $(CURDIR)/$@ .
 
-$(JARS): jvm/pom.xml jvm/kafka/pom.xml jvm/spark/pom.xml jvm/smt/pom.xml jvm/opensearch/pom.xml $(shell find jvm/smt/src -type f)
+$(JARS): jvm/pom.xml jvm/kafka/pom.xml jvm/spark/pom.xml jvm/smt/pom.xml jvm/hadoop/pom.xml jvm/opensearch/pom.xml \
+		$(shell find jvm/smt/src jvm/hadoop/src -type f)
 	@command -v mvn >/dev/null || { echo "Maven (mvn) is required to resolve the JVM jars: apt-get install maven" >&2; exit 2; }
 	@command -v java >/dev/null || { echo "Java 17+ is required: apt-get install openjdk-17-jre-headless" >&2; exit 2; }
 	rm -rf build/jvm

@@ -15,3 +15,41 @@ def test_the_session_maps_the_class_archive_make_jars_wrote(spark):
     arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert f"-XX:SharedArchiveFile={archive}" in arguments, arguments
     assert "sharing" in jvm.java.lang.System.getProperty("java.vm.info")
+
+
+def test_the_lake_is_written_without_a_process_per_file_as_hadoop_would(spark, tmp_path):
+    """jvm/hadoop: the file: scheme's two file systems (FileSystem for Spark and Parquet,
+    FileContext for Delta's commits and the streaming checkpoints) set permissions and tell
+    links apart without forking chmod and readlink, and otherwise behave as Hadoop's own: a
+    file gets the default mode under the umask, a rename never replaces what exists (Delta's
+    commit protocol rests on it), and a path through a symbolic link is followed."""
+    jvm, gateway = spark._jvm, spark.sparkContext._gateway
+    hadoop = jvm.org.apache.hadoop.fs
+    conf = spark._jsc.hadoopConfiguration()
+    (tmp_path / "real").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    folder = hadoop.Path((tmp_path / "linked").as_uri())
+    assert folder.getFileSystem(conf).getRawFileSystem().getClass().getName() == "io.lakesync.hadoop.NoForkRawLocalFileSystem"
+    context = hadoop.FileContext.getFileContext(folder.toUri(), conf)
+    assert context.getDefaultFileSystem().getClass().getName() == "io.lakesync.hadoop.NoForkLocalFs"
+
+    def create(name: str):
+        flags = jvm.java.util.EnumSet.of(hadoop.CreateFlag.CREATE)
+        stream = context.create(hadoop.Path(folder, name), flags, gateway.new_array(hadoop.Options.CreateOpts, 0))
+        stream.write(bytearray(b"x"))
+        stream.close()
+
+    create("a")
+    create("b")
+    assert (tmp_path / "real" / "a").stat().st_mode & 0o777 == 0o644
+    no_overwrite = gateway.new_array(hadoop.Options.Rename, 1)
+    no_overwrite[0] = hadoop.Options.Rename.NONE
+    with pytest.raises(Exception, match="FileAlreadyExists"):
+        context.rename(hadoop.Path(folder, "a"), hadoop.Path(folder, "b"), no_overwrite)
+    context.rename(hadoop.Path(folder, "a"), hadoop.Path(folder, "c"), no_overwrite)
+    assert sorted(p.name for p in (tmp_path / "real").iterdir() if not p.name.endswith(".crc")) == ["b", "c"]
+
+    table = str(tmp_path / "linked" / "table")
+    spark.range(3).write.format("delta").save(table)
+    spark.range(3, 5).write.format("delta").mode("append").save(table)
+    assert sorted(r.id for r in spark.read.format("delta").load(table).collect()) == [0, 1, 2, 3, 4]
