@@ -121,7 +121,9 @@ def touched(context: Context, docs: DataFrame, orders: DataFrame) -> DataFrame:
     by_line = context.changes_of("order_items").select(key("order_id").alias("order_id"), position.alias("at"))
     touching = by_order.unionByName(by_line)
     if context.holds("customers"):  # (else no scan of the orders mirror and the documents for them)
-        customers = context.changes_of("customers").select(key("id").alias("customer_id"))
+        # Each customer once: a customer changed n times in the batch would otherwise join
+        # each of its orders n times (a bench batch's sort ran out of a 3 GB heap on that).
+        customers = context.changes_of("customers").select(key("id").alias("customer_id")).distinct()
         # A customer's orders now (mirror) and as the documents last embedded them.
         owners = (orders.select(F.col("id").alias("order_id"), "customer_id")
                   .unionByName(docs.where("NOT deleted").select("order_id", F.col("customer.id").alias("customer_id"))))
