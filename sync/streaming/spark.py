@@ -34,7 +34,9 @@ def artifact(jar: Path) -> str:
     return _VERSION.sub("", jar.name)
 
 
-HADOOP_FILE_SYSTEM_JAR = "lakesync-hadoop.jar"  # jvm/hadoop: the file: scheme without a process per file
+def hadoop_file_system_jar(settings: Settings) -> Path:
+    """jvm/hadoop's jar: the file: scheme without a process per file."""
+    return settings.jars / "spark" / "lakesync-hadoop.jar"
 
 
 def spark_jars(settings: Settings) -> list[str]:
@@ -42,7 +44,7 @@ def spark_jars(settings: Settings) -> list[str]:
 
     folder = settings.jars / "spark"
     ours = sorted(folder.glob("*.jar"))
-    if not any(j.name.startswith("delta-spark") for j in ours) or not (folder / HADOOP_FILE_SYSTEM_JAR).is_file():
+    if not any(j.name.startswith("delta-spark") for j in ours) or not hadoop_file_system_jar(settings).is_file():
         raise StackError(f"the Delta, Kafka or Lakesync jars are missing in {folder}; run `make jars` (needs Maven)")
     shipped = {artifact(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
     return [str(j) for j in ours if artifact(j) not in shipped]
@@ -105,7 +107,7 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
         .config("spark.databricks.delta.merge.materializeSource", "none")
         # The file: scheme without a forked process per file created or renamed (jvm/hadoop): a
         # Delta commit forked about a dozen (chmod, readlink), 17-25 ms each on two busy cores.
-        .config("spark.driver.extraClassPath", str(settings.jars / "spark" / HADOOP_FILE_SYSTEM_JAR))  # before spark.jars load
+        .config("spark.driver.extraClassPath", str(hadoop_file_system_jar(settings)))  # before spark.jars load
         .config("spark.hadoop.fs.file.impl", "io.lakesync.hadoop.NoForkLocalFileSystem")
         .config("spark.hadoop.fs.AbstractFileSystem.file.impl", "io.lakesync.hadoop.NoForkLocalFs")
         .config("spark.sql.warehouse.dir", str(settings.home / "spark-warehouse"))

@@ -2,9 +2,7 @@ package io.lakesync.hadoop;
 
 import java.io.IOException;
 import java.nio.file.Files;
-import java.nio.file.attribute.PosixFilePermission;
-import java.util.EnumSet;
-import java.util.Set;
+import java.nio.file.attribute.PosixFilePermissions;
 
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.Path;
@@ -28,7 +26,9 @@ public class NoForkRawLocalFileSystem extends RawLocalFileSystem {
 
   @Override
   public void setPermission(Path path, FsPermission permission) throws IOException {
-    Files.setPosixFilePermissions(pathToFile(path).toPath(), posix(permission.toShort()));
+    String bits = permission.getUserAction().SYMBOL + permission.getGroupAction().SYMBOL
+        + permission.getOtherAction().SYMBOL;  // "rw-r--r--" (a sticky bit is dropped, as for a file)
+    Files.setPosixFilePermissions(pathToFile(path).toPath(), PosixFilePermissions.fromString(bits));
   }
 
   @Override
@@ -37,21 +37,5 @@ public class NoForkRawLocalFileSystem extends RawLocalFileSystem {
       return super.getFileLinkStatus(path);
     }
     return getFileStatus(path);
-  }
-
-  /** The nine permission bits (owner, group, others; read, write, execute) as Java's set. */
-  static Set<PosixFilePermission> posix(short mode) {
-    PosixFilePermission[] byBit = {  // bit 8 (owner read) down to bit 0 (others execute)
-      PosixFilePermission.OWNER_READ, PosixFilePermission.OWNER_WRITE, PosixFilePermission.OWNER_EXECUTE,
-      PosixFilePermission.GROUP_READ, PosixFilePermission.GROUP_WRITE, PosixFilePermission.GROUP_EXECUTE,
-      PosixFilePermission.OTHERS_READ, PosixFilePermission.OTHERS_WRITE, PosixFilePermission.OTHERS_EXECUTE,
-    };
-    Set<PosixFilePermission> permissions = EnumSet.noneOf(PosixFilePermission.class);
-    for (int i = 0; i < byBit.length; i++) {
-      if ((mode & (1 << (8 - i))) != 0) {
-        permissions.add(byBit[i]);
-      }
-    }
-    return permissions;
   }
 }
