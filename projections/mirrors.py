@@ -7,7 +7,10 @@ Input:  the compacted topics lakesync.<schema>.<table> of every table the connec
         at the drop's source position (migration 0006), so a table created again under
         the same name starts from no rows; and lakesync.lakesync.column_changes: a RENAME
         or DROP COLUMN (migration 0009), followed at its source position, the records
-        before it read under the names they were written with (sync/cdc/columns.py).
+        before it read under the names they were written with (sync/cdc/columns.py);
+        and lakesync.transaction, the source's transaction boundaries: a batch applies
+        whole source transactions only, in commit order, and holds the rest for the
+        next (sync/cdc/transactions.py), so no version of a mirror shows part of one.
 Key:    the table's primary key, from the Kafka record key's schema. A table without one
         is kept as a multiset of rows (sync/delta/multiset.py).
 Target: <lake>/mirrors/<name>, columns of the table plus the provenance columns; the
@@ -42,6 +45,7 @@ from sync.cdc import columns as column_changes
 from sync.cdc.columns import (COLUMNS_TOPIC, ColumnChange, current_columns, current_names, earlier_names, precedes,
                               until)
 from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, as_mirrored, decode_changes, is_keyless, mirrored
+from sync.cdc import transactions
 from sync.cdc.ordering import Position, newer_than_literal, parse_sequence, position_columns
 from sync.cdc.types import ColumnType, columns, key_columns, quoted, table_columns
 from sync.config import (CONTROL_SCHEMA, DEFAULT_SCHEMA, EVENTS_TOPIC_PREFIX, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings,
@@ -61,7 +65,7 @@ from sync.fault import crash_point
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
 from sync.streaming.progress import Outcome, Steps
-from sync.streaming.stream import at_or_after, read_topics, run_batches, start_offsets
+from sync.streaming.stream import at_or_after, read_ranges, read_topics, run_batches, start_offsets
 
 NAME = "mirrors"
 KIND = "mirror"
@@ -74,6 +78,9 @@ TOPIC_PATTERN = ("(?:" + re.escape(f"{TOPIC_PREFIX}.")
                  + "(?!" + "|".join(re.escape(f"{s}.") for s in (CONTROL_SCHEMA, EVENTS_TOPIC_PREFIX.split(".")[1])) + ")"
                  + r"[^.]+\.[^.]+|" + re.escape(DROPS_TOPIC) + "|" + re.escape(COLUMNS_TOPIC) + ")")
 TOPICS = KafkaTopics(TOPIC_PATTERN, headers=True)  # a key change's delete is marked by a header
+# What the mirrors read: the table topics and the source's transaction boundaries, so
+# that no mirror's version holds part of a source transaction (sync/cdc/transactions.py).
+WHOLE_TRANSACTIONS = KafkaTopics(f"(?:{TOPIC_PATTERN}|{re.escape(transactions.TRANSACTIONS_TOPIC)})", headers=True)
 RECORDS_DDL = ("key binary, value binary, topic string, partition int, offset bigint, "
                "headers array<struct<key: string, value: binary>>")  # what the Kafka source hands a batch
 KEYS_PROPERTY = "lakesync.keys"
@@ -159,7 +166,8 @@ class Mirrors(Projection):
         return [catalog.root(settings, NAME) / "tombstones", catalog.root(settings, NAME) / "moved"]
 
     def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
-        return run_batches(read_topics(spark, settings, TOPICS), NAME, MirrorBatch(settings, fence), settings, once)
+        return run_batches(read_topics(spark, settings, WHOLE_TRANSACTIONS), NAME, MirrorBatch(settings, fence),
+                           settings, once)
 
 
 PROJECTION = Mirrors()
@@ -219,9 +227,14 @@ class MirrorBatch(Batch):
     """
 
     def __init__(self, settings: Settings, fence: Fence,
-                 read_column_history: Callable[[], column_changes.History] | None = None):
+                 read_column_history: Callable[[], column_changes.History] | None = None,
+                 read_again: Callable[[SparkSession, transactions.Ranges], DataFrame] | None = None):
         super().__init__(NAME, settings, fence)
         self.read_column_history = read_column_history or (lambda: column_changes.read_history(settings))
+        # The held changes of incomplete source transactions, read again (sync/cdc/transactions.py).
+        self.read_again = read_again or (lambda spark, ranges: read_ranges(spark, settings, ranges, headers=True))
+        outbox = f"{TOPIC_PREFIX}.{settings.outbox_table}"  # (routed to the events' topics: never a mirror's)
+        self.reads_topic = lambda topic: topic != outbox and re.fullmatch(TOPIC_PATTERN, topic) is not None
         self.after_resnapshot = at_or_after(start_offsets(settings))
         self.tombstone_tables: set[str] = set()  # created in this run (or found), not checked again
         # Per tombstones table: none is after this position (None: it has none); `_tombstones_after`.
@@ -233,10 +246,14 @@ class MirrorBatch(Batch):
         self.columns_seen: dict[str, list[str]] = {}  # per topic: its columns in the last batch
 
     def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome:
-        # Read from Kafka once and kept for every pass below. A local checkpoint, not a
-        # cache: MERGE refuses a source with cached parts unless it copies the source
-        # first (spark.databricks.delta.merge.materializeSource, sync/streaming/spark.py).
-        records = batch.where(F.col("value").isNotNull() & self.after_resnapshot).localCheckpoint(eager=True)
+        # Read from Kafka once and kept for every pass below, with the changes earlier
+        # batches held read again, and the changes of source transactions not yet whole
+        # held (sync/cdc/transactions.py). A local checkpoint, not a cache: MERGE refuses
+        # a source with cached parts unless it copies the source first
+        # (spark.databricks.delta.merge.materializeSource, sync/streaming/spark.py).
+        records, held = transactions.gate(batch.where(F.col("value").isNotNull() & self.after_resnapshot),
+                                          commit.batch_id, catalog.checkpoint(self.settings, NAME),
+                                          self.reads_topic, self.read_again)
         steps.done("read")
         rows = self._tables(records)
         changed_at = self._column_changes(rows)
@@ -256,7 +273,7 @@ class MirrorBatch(Batch):
             return run
 
         results = self.concurrently(commit, [table_task(row) for row in topics])
-        outcome = Outcome(applied={})
+        outcome = Outcome(applied={}, held_transactions=len(held.xids))
         dead: list[DeadLetter] = []
         for result in results:
             steps.add(result.steps)

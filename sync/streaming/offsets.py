@@ -14,6 +14,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from sync.cdc.transactions import held_after
 from sync.config import Settings
 from sync.delta import catalog
 from sync.errors import ServiceUnavailable
@@ -44,7 +45,8 @@ def end_offsets(settings: Settings, pattern: str) -> Offsets:
 
 
 def processed_offsets(checkpoint: Path) -> Offsets:
-    """The end offsets of the last batch the query committed (from its checkpoint)."""
+    """The end offsets of the last batch the query committed (from its checkpoint), or
+    where the changes it holds start (sync/cdc/transactions.py): those are not applied."""
     commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.is_dir() else []
     if not commits:
         return {}
@@ -54,6 +56,8 @@ def processed_offsets(checkpoint: Path) -> Offsets:
         for topic, partitions in json.loads(line).items():
             for partition, offset in partitions.items():
                 done[(topic, int(partition))] = int(offset)
+    for part, (first, _) in held_after(checkpoint, max(commits)).ranges.items():
+        done[part] = min(done.get(part, first), first)
     return done
 
 

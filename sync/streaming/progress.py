@@ -27,6 +27,7 @@ class Outcome:
     stopped: dict[str, str] = field(default_factory=dict)          # mirrors stopped, and why
     late_events: dict[str, int] = field(default_factory=dict)      # event time: late events held now
     watermarks: dict[str, str] = field(default_factory=dict)       # event time: each stream's watermark
+    held_transactions: int | None = None                           # mirrors: source transactions not yet whole
 
 
 class Progress:
@@ -54,6 +55,8 @@ class Progress:
             tables.setdefault(table, {"rows_applied": 0})["late_events"] = count
         if outcome.watermarks:
             self.state["watermarks"] = outcome.watermarks
+        if outcome.held_transactions is not None:
+            self.state["held_transactions"] = outcome.held_transactions
         for table, reason in outcome.stopped.items():
             tables.setdefault(table, {"rows_applied": 0})["stopped"] = reason
         self.state.update(batch_id=batch_id, last_batch_at=time.time(),

@@ -7,6 +7,7 @@ that commits idempotently (sync/delta/commit.py).
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -39,6 +40,25 @@ def read_topics(spark: SparkSession, settings: Settings, topics: KafkaTopics) ->
             .option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
             .option("includeHeaders", str(topics.headers).lower())
+            .load())
+
+
+def read_ranges(spark: SparkSession, settings: Settings, ranges: dict[tuple[str, int], tuple[int, int]],
+                headers: bool) -> DataFrame:
+    """Offset ranges [first, next) of topic partitions, read again as one batch, with the
+    columns `read_topics` gives."""
+    starting: dict[str, dict[str, int]] = {}
+    ending: dict[str, dict[str, int]] = {}
+    for (topic, partition), (first, after) in ranges.items():
+        starting.setdefault(topic, {})[str(partition)] = first
+        ending.setdefault(topic, {})[str(partition)] = after
+    return (spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+            .option("assign", json.dumps({t: sorted(int(p) for p in parts) for t, parts in starting.items()}))
+            .option("startingOffsets", json.dumps(starting))
+            .option("endingOffsets", json.dumps(ending))
+            .options(**CONSUMER_OPTIONS)
+            .option("includeHeaders", str(headers).lower())
             .load())
 
 

@@ -1,29 +1,81 @@
 """`lakesync run --once` (availableNow): stop the live runner, catch up in one go, resume.
 
 Runs after the other end-to-end files: it stops the session's runner and starts it
-again at the end, so the checkpoint is also shown to resume where it stopped.
+again at the end, so the checkpoint is also shown to resume where it stopped. Its catch-up
+runs in small batches, so Kafka batches end inside source transactions: no version of
+the accounts' mirror may hold part of one (sync/cdc/transactions.py).
 """
 
-import pytest
+from decimal import Decimal
 
+import pytest
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from projections import mirrors
+from sync import config
+from sync.cdc.transactions import held_after
+from sync.delta import catalog
+from sync.delta.merge import latest_version
+from sync.demo import bank, bank_clients
 from sync.stack.background import start_background, stop_background
 from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.e2e
 
+CUSTOMERS = range(670000, 670006)  # keys no other test uses
+SMALL_BATCHES = {"LAKESYNC_MAX_OFFSETS_PER_TRIGGER": "40"}  # records per batch, over all topics
 
-def test_run_once_processes_what_is_there_and_exits(stack, app_db, synced):
+
+def currency_totals(rows) -> dict[str, Decimal]:
+    totals: dict[str, Decimal] = {}
+    for currency, balance in rows:
+        totals[currency] = totals.get(currency, Decimal(0)) + balance
+    return totals
+
+
+def test_run_once_processes_what_is_there_and_exits(stack, app_db, db, synced, spark):
+    lakesync("wait", "mirror.accounts", check=True)  # what other tests wrote to accounts is applied
     assert stop_background(stack, timeout=60), "the session's runner is not running"
+    accounts = str(mirrors.mirror_path(stack, "accounts"))
+    first = latest_version(accounts) + 1
 
+    engine = bank.engine(config.role_dsn(stack, config.ROLES["app"]))
+    with Session(engine) as session, session.begin():  # every operation double-entry, one transaction each
+        bank.open_house_accounts(session)
+        for n in CUSTOMERS:
+            session.execute(text("INSERT INTO customers (id, name, email) VALUES (:id, :name, :email)"),
+                            {"id": n, "name": f"Once {n}", "email": f"once{n}@x"})
+            session.execute(text("INSERT INTO accounts (id, customer_id, currency) VALUES (:id, :id, :c)"),
+                            {"id": n, "c": "EUR" if n % 2 else "USD"})
+    with Session(engine) as session:
+        for n in CUSTOMERS:
+            with session.begin():
+                bank.deposit(session, n, Decimal("500.0000"))
+    engine.dispose()
+    assert bank_clients(stack, seed=7, clients=2, operations=15)["committed"] > 0
     app_db.execute("INSERT INTO products (id, sku, name, price) SELECT g, 'ONCE-' || g, 'once', g "
                    "FROM generate_series(7000, 7099) g")
     app_db.execute("UPDATE products SET price = price + 0.01 WHERE id BETWEEN 7000 AND 7009")
     behind = lakesync("wait", "--timeout", "10")
     assert behind.returncode == 1 and "mirrors" in behind.stderr and "no runner is running" in behind.stderr
 
-    again = lakesync("run", "--once", timeout=900)
+    again = lakesync("run", "--once", timeout=900, env=SMALL_BATCHES)
     assert again.returncode == 0, again.stderr[-2000:]
     lakesync("wait", "--timeout", "10", check=True)  # nothing left: --once caught up
+
+    # Every version the catch-up made holds whole operations only: each currency's total
+    # is Postgres' at every one, though batches of 40 records cut through operations.
+    expected = currency_totals(db.execute("SELECT currency, balance FROM accounts").fetchall())
+    versions = range(first, latest_version(accounts) + 1)
+    assert len(versions) > 1, "the catch-up reached the accounts' mirror in one version: nothing was cut"
+    for version in versions:
+        rows = spark.read.format("delta").option("versionAsOf", version).load(accounts).select("currency", "balance")
+        assert currency_totals(rows.collect()) == expected, f"version {version} holds part of a transaction"
+    checkpoint = catalog.checkpoint(stack, mirrors.NAME)
+    held = [held_after(checkpoint, int(p.stem)) for p in (checkpoint / "transactions").glob("*.json")]
+    assert any(part[0] == "lakesync.public.accounts" for h in held for part in h.ranges), \
+        "no batch ended inside an operation: the test did not cut one"
 
     start_background(stack)
     app_db.execute("UPDATE products SET name = 'resumed' WHERE id = 7050")

@@ -765,3 +765,63 @@ def test_renamed_and_dropped_columns_are_followed_in_one_batch_or_split_at_rando
     table = spark.read.format("delta").load(str(mirrors.mirror_path(late, "widgets")))
     assert {r["id"]: r["Label Text"] for r in table.collect()} == {1: "one", 2: "two, relabelled", 3: "three"}
     assert "name" not in table.columns
+
+
+# -- whole source transactions (sync/cdc/transactions.py) ---------------------------------
+
+def _in_transaction(change, xid, lsn):
+    """A change record given Debezium's transaction block (provide.transaction.metadata)."""
+    key, value = change
+    parsed = json.loads(value)
+    parsed["payload"]["transaction"] = {"id": f"{xid}:{lsn}", "total_order": 1, "data_collection_order": 1}
+    return key, json.dumps(parsed).encode()
+
+
+def _end(xid, widgets):
+    return (json.dumps({"schema": {}, "payload": {"id": f"{xid}:999"}}).encode(),
+            json.dumps({"schema": {}, "payload": {
+                "status": "END", "id": f"{xid}:999", "event_count": widgets + 1, "ts_ms": 0,
+                "data_collections": [{"data_collection": "public.widgets", "event_count": widgets},
+                                     {"data_collection": "public.outbox", "event_count": 1}]}}).encode())
+
+
+def test_a_batch_applies_whole_source_transactions_in_commit_order_and_holds_the_rest(spark, settings):
+    """A transaction cut by a batch's end, its END before or after its changes: no version
+    of the mirror shows part of one (the prefix in commit order: tests/unit/test_transactions.py)."""
+    kafka = {}  # (topic, offset) -> record: what Kafka keeps, read again for the held ranges
+
+    def records(rows):
+        for topic, offset, (key, value) in rows:
+            kafka[(topic, offset)] = (key, value, topic, 0, offset, None)
+        return spark.createDataFrame([kafka[(t, o)] for t, o, _ in rows], mirrors.RECORDS_DDL)
+
+    def read_again(session, ranges):
+        return session.createDataFrame(
+            [r for (topic, offset), r in sorted(kafka.items())
+             if (topic, 0) in ranges and ranges[(topic, 0)][0] <= offset < ranges[(topic, 0)][1]],
+            mirrors.RECORDS_DDL)
+
+    txn = mirrors.transactions.TRANSACTIONS_TOPIC
+    apply = mirrors.MirrorBatch(settings, fencing.take(spark, settings, mirrors.NAME, []), lambda: {}, read_again)
+    path = str(mirrors.mirror_path(settings, "widgets"))
+    # Transaction 40 whole; 50 cut by the batch's end, its END not yet read; 60 after it.
+    apply(records([(TOPIC, 0, _in_transaction(event("c", 1, 40, 41, "a", "1.00"), 40, 41)),
+                   (txn, 0, _end(40, 1)),
+                   (TOPIC, 1, _in_transaction(event("c", 2, 50, 51, "b", "2.00"), 50, 51)),
+                   (TOPIC, 2, _in_transaction(event("c", 3, 50, 52, "c", "3.00"), 50, 52))]), 0)
+    assert {k: r["name"] for k, r in mirror(spark, settings).items()} == {1: "a"}
+    # 50's END says three widgets: one is still to come; 60's END before its change.
+    apply(records([(txn, 1, _end(50, 3)), (txn, 2, _end(60, 1))]), 1)
+    assert {k: r["name"] for k, r in mirror(spark, settings).items()} == {1: "a"}
+    # The last change of 50, then 60's: both apply, in one version.
+    apply(records([(TOPIC, 3, _in_transaction(event("u", 1, 50, 53, "a2", "1.50"), 50, 53)),
+                   (TOPIC, 4, _in_transaction(event("c", 4, 60, 61, "d", "4.00"), 60, 61))]), 2)
+    assert {k: r["name"] for k, r in mirror(spark, settings).items()} == {1: "a2", 2: "b", 3: "c", 4: "d"}
+    versions = DeltaTable.forPath(spark, path).history().select("version").collect()
+    names = [sorted(r["name"] for r in spark.read.format("delta").option("versionAsOf", v["version"]).load(path)
+                    .collect()) for v in versions]
+    assert sorted(names, key=len) == [[], ["a"], ["a2", "b", "c", "d"]]  # (version 0: the table made)
+    # Replayed, the last batch reads what the one before it held, and changes nothing.
+    apply(records([(TOPIC, 3, _in_transaction(event("u", 1, 50, 53, "a2", "1.50"), 50, 53)),
+                   (TOPIC, 4, _in_transaction(event("c", 4, 60, 61, "d", "4.00"), 60, 61))]), 2)
+    assert len(DeltaTable.forPath(spark, path).history().collect()) == len(versions)

@@ -1,0 +1,200 @@
+"""Whole source transactions: which changes a batch may apply, and which it must hold.
+
+Debezium (`provide.transaction.metadata`) writes a BEGIN and an END record per Postgres
+transaction to TRANSACTIONS_TOPIC (one partition, in commit order), and gives every
+change it streams a `transaction` block whose id is "<xid>:<the change's LSN>". END
+names, per table, how many change events the transaction has. A snapshot read carries no
+transaction block.
+
+A Kafka batch can end inside a source transaction: Connect commits a Kafka transaction
+per poll, not per Postgres transaction, and END may arrive in a batch before or after
+some of its changes. So a projection that must never show half a transaction (the
+mirrors) decides per batch, with `settle`:
+  1. Its ENDs in commit order, those the previous batch held first; a transaction is
+     complete when every table it changed that the projection reads has all its change
+     events in the held or the new records.
+  2. The complete transactions up to the first incomplete one are applied (so every
+     commit reflects a prefix of the source's transactions); every later transaction,
+     and every transaction whose END has not arrived, is held.
+  3. What is held is written down per batch (`Held`, a small JSON file): the ENDs not yet
+     applied, the held transactions' ids, and per topic partition the range of offsets
+     their changes lie in. The next batch reads those ranges again (Kafka keeps every
+     record for a day: the topics' min.compaction.lag.ms) and keeps only the held
+     transactions' changes.
+A replayed batch reads the same records and the same file, so it holds the same.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sync.config import TOPIC_PREFIX
+from sync.files import write_json_atomically
+
+TRANSACTIONS_TOPIC = f"{TOPIC_PREFIX}.transaction"
+XID = "_lakesync_xid"  # a record's source transaction (null: a snapshot read, or no metadata)
+KEPT_FILES = 20  # per-batch files kept (status and `wait` read the last committed batch's)
+
+Ranges = dict[tuple[str, int], tuple[int, int]]  # (topic, partition) -> [first, next) offsets
+
+
+def xid(value: Column) -> Column:
+    """The source transaction of a change record (its Kafka value, JSON with schema)."""
+    return F.substring_index(F.get_json_object(value.cast("string"), "$.payload.transaction.id"), ":", 1)
+
+
+def is_end(value: Column) -> Column:
+    return F.get_json_object(value.cast("string"), "$.payload.status") == "END"
+
+
+@dataclass(frozen=True)
+class End:
+    offset: int              # in TRANSACTIONS_TOPIC: commit order
+    counts: dict[str, int]   # per topic read: the transaction's change events in it
+
+
+@dataclass
+class Held:
+    """What one batch left for the next (see the module docstring, step 3)."""
+
+    ends: dict[str, End] = field(default_factory=dict)
+    xids: set[str] = field(default_factory=set)
+    ranges: Ranges = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"ends": {x: {"offset": e.offset, "counts": e.counts} for x, e in self.ends.items()},
+                "xids": sorted(self.xids),
+                "ranges": [[t, p, first, after] for (t, p), (first, after) in sorted(self.ranges.items())]}
+
+    @staticmethod
+    def from_json(data: dict) -> "Held":
+        return Held(ends={x: End(e["offset"], e["counts"]) for x, e in data["ends"].items()},
+                    xids=set(data["xids"]),
+                    ranges={(t, p): (first, after) for t, p, first, after in data["ranges"]})
+
+    def oldest(self) -> str | None:
+        """The held transaction first in commit order (one whose END came, else any)."""
+        if self.ends:
+            return min(self.ends, key=lambda x: self.ends[x].offset)
+        return min(self.xids, default=None)
+
+
+def end_of(offset: int, value: str, reads: Callable[[str], bool]) -> tuple[str, End]:
+    """(xid, End) of one END record's value; only the tables whose topics are read count."""
+    payload = json.loads(value)["payload"]
+    counts = {}
+    for collection in payload.get("data_collections") or []:
+        topic = f"{TOPIC_PREFIX}.{collection['data_collection']}"
+        if reads(topic) and collection["event_count"]:
+            counts[topic] = int(collection["event_count"])
+    return payload["id"].split(":")[0], End(offset, counts)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A batch's changes of one transaction in one topic partition."""
+
+    xid: str
+    topic: str
+    partition: int
+    count: int
+    first: int
+    last: int
+
+
+def settle(previous: Held, ends: Iterable[tuple[str, End]], seen: Iterable[Seen]) -> Held:
+    """Steps 1-3 of the module docstring: what this batch holds. `seen` covers the held
+    changes read again and the batch's own; every change not of a held transaction applies."""
+    all_ends = {**previous.ends, **dict(ends)}
+    seen = list(seen)
+    counted: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    in_topic: dict[str, set[str]] = defaultdict(set)
+    for part in seen:
+        counted[part.xid][part.topic] += part.count
+        in_topic[part.topic].add(part.xid)
+
+    def later(y: str, than: End) -> bool:  # an END not read yet comes after every END read
+        return y not in all_ends or all_ends[y].offset > than.offset
+
+    def complete(x: str) -> bool:
+        """Every change of x in each topic is here: as many as END counts, or fewer where
+        a later transaction's change in the topic is here too (a topic has one partition,
+        in commit order: the changes missing were compacted away, superseded by a later
+        change of their key, as in a rebuild from offset zero)."""
+        end = all_ends[x]
+        return all(counted[x][topic] >= n or any(later(y, end) for y in in_topic[topic] if y != x)
+                   for topic, n in end.counts.items())
+
+    held: set[str] = set()
+    for x in sorted(all_ends, key=lambda x: all_ends[x].offset):
+        if held or not complete(x):
+            held.add(x)
+    held |= {part.xid for part in seen if part.xid not in all_ends}
+    ranges: Ranges = {}
+    for part in seen:
+        if part.xid in held:
+            first, after = ranges.get((part.topic, part.partition), (part.first, part.last + 1))
+            ranges[(part.topic, part.partition)] = (min(first, part.first), max(after, part.last + 1))
+    return Held(ends={x: e for x, e in all_ends.items() if x in held}, xids=held, ranges=ranges)
+
+
+# -- the per-batch files, in <checkpoint>/transactions ------------------------------------
+
+def _folder(checkpoint: Path) -> Path:
+    return checkpoint / "transactions"
+
+
+def _batches(checkpoint: Path) -> list[int]:
+    folder = _folder(checkpoint)
+    return sorted(int(p.stem) for p in folder.glob("[0-9]*.json")) if folder.is_dir() else []
+
+
+def held_before(checkpoint: Path, batch_id: int) -> Held:
+    """What the batch before `batch_id` held (nothing before the first)."""
+    earlier = [b for b in _batches(checkpoint) if b < batch_id]
+    if not earlier:
+        return Held()
+    return Held.from_json(json.loads((_folder(checkpoint) / f"{earlier[-1]}.json").read_text()))
+
+
+def write_held(checkpoint: Path, batch_id: int, held: Held) -> None:
+    write_json_atomically(_folder(checkpoint) / f"{batch_id}.json", held.to_json())
+    for old in _batches(checkpoint)[:-KEPT_FILES]:
+        (_folder(checkpoint) / f"{old}.json").unlink(missing_ok=True)
+
+
+def held_after(checkpoint: Path, batch_id: int) -> Held:
+    """What batch `batch_id` held (nothing if it wrote no file: a query without the gate)."""
+    path = _folder(checkpoint) / f"{batch_id}.json"
+    return Held.from_json(json.loads(path.read_text())) if path.is_file() else Held()
+
+
+def gate(records: DataFrame, batch_id: int, checkpoint: Path, reads: Callable[[str], bool],
+         read_again: Callable[[SparkSession, Ranges], DataFrame]) -> tuple[DataFrame, Held]:
+    """A batch's Kafka records (TRANSACTIONS_TOPIC's among them) -> the changes it may
+    apply, checkpointed, and what it holds (written down before anything is applied).
+    `read_again` reads offset ranges of the topics, with the records' columns."""
+    previous = held_before(checkpoint, batch_id)
+    marked = records.withColumn(XID, xid(F.col("value")))
+    if previous.ranges:
+        again = read_again(records.sparkSession, previous.ranges).where(F.col("value").isNotNull()).withColumn(XID, xid(F.col("value")))
+        marked = marked.unionByName(again.where(F.col(XID).isin(sorted(previous.xids))).select(*marked.columns))
+    marked = marked.localCheckpoint(eager=True)
+    ends = [end_of(row["offset"], row["value"], reads) for row in
+            marked.where((F.col("topic") == TRANSACTIONS_TOPIC) & is_end(F.col("value")))
+            .select("offset", F.col("value").cast("string").alias("value")).collect()]
+    seen = [Seen(row[XID], row["topic"], row["partition"], row["count"], row["first"], row["last"]) for row in
+            marked.where(F.col(XID).isNotNull()).groupBy(XID, "topic", "partition")
+            .agg(F.count("*").alias("count"), F.min("offset").alias("first"), F.max("offset").alias("last"))
+            .collect()]
+    held = settle(previous, ends, seen)
+    write_held(checkpoint, batch_id, held)
+    applicable = F.col(XID).isNull() | ~F.col(XID).isin(sorted(held.xids)) if held.xids else F.lit(True)
+    return marked.where((F.col("topic") != TRANSACTIONS_TOPIC) & applicable).drop(XID), held
