@@ -50,13 +50,13 @@ from sync.cdc.ordering import Position, newer_than_literal, parse_sequence, posi
 from sync.cdc.types import ColumnType, columns, key_columns, quoted, table_columns
 from sync.config import (CONTROL_SCHEMA, DEFAULT_SCHEMA, EVENTS_TOPIC_PREFIX, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings,
                          pg_quoted)
-from sync.delta import catalog, deadletters
+from sync.delta import catalog, deadletters, points
 from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
 from sync.delta.keychanges import SAVED_DDL, fill_moved_values, is_key_change, rows_moved_away
 from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, extent, inserts, last_commit_info,
-                              latest_per_key, merge_changes, never_written, rows_added, still_applicable,
+                              latest_per_key, latest_version, merge_changes, never_written, rows_added, still_applicable,
                               table_properties, tombstones_of)
 from sync.delta.multiset import additions, copies_removed, merge_multiset, signed_rows
 from sync.delta.schema import (COLUMN_MAPPING, IncompatibleChange, column_changes_followed, column_changes_property,
@@ -222,6 +222,8 @@ class MirrorBatch(Batch):
          `mirrors:<table>:keyless`, `mirrors:<table>:moved`); the tombstones are appended
          at least once (userMetadata `mirrors:<table>:tombstones`): a copy changes nothing.
       3. Append what was set aside to the dead letters (txnAppId `mirrors:dead_letters`).
+      4. Publish the consistent point: every mirror's version, at the source transaction
+         the batch applied through (sync/delta/points.py).
     A crash anywhere replays the whole batch, and every write of the replay is skipped
     or changes nothing.
     """
@@ -253,7 +255,7 @@ class MirrorBatch(Batch):
         # (spark.databricks.delta.merge.materializeSource, sync/streaming/spark.py).
         records, held = transactions.gate(batch.where(F.col("value").isNotNull() & self.after_resnapshot),
                                           commit.batch_id, catalog.checkpoint(self.settings, NAME),
-                                          self.reads_topic, self.read_again)
+                                          self.reads_topic, self.read_again, self.settings.whole_transactions)
         steps.done("read")
         rows = self._tables(records)
         changed_at = self._column_changes(rows)
@@ -287,7 +289,18 @@ class MirrorBatch(Batch):
         steps.done("dead_letters")
         for letter in dead:
             outcome.dead_letters[letter.table] = outcome.dead_letters.get(letter.table, 0) + 1
+        if self.settings.whole_transactions:
+            self._publish_point(commit.batch_id, held.through, outcome)
         return outcome
+
+    def _publish_point(self, batch_id: int, through: transactions.End | None, outcome: Outcome) -> None:
+        """Step 4: every mirror's version now, all at the source transaction the batch
+        applied through (sync/delta/points.py). A stopped mirror is behind it: left out."""
+        stopped = set(outcome.stopped) | {name for name, state in self.progress.state.get("tables", {}).items()
+                                          if state.get("stopped") and name not in outcome.applied}
+        tables = {t.name: {"path": t.table, "version": latest_version(t.table)}
+                  for t in PROJECTION.targets(self.settings) if t.state_key not in stopped}
+        points.publish(catalog.root(self.settings, NAME), NAME, batch_id, through, tables)
 
     def _table(self, commit: BatchCommit, records: DataFrame, row) -> "TableResult":
         """Step 2 for one table, on `commit`'s session. A table Spark or Delta refuses (an

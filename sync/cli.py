@@ -96,6 +96,16 @@ def cmd_status(settings, args) -> int:
     return 0 if status.healthy(report) else 1
 
 
+def cmd_snapshot(settings, args) -> int:
+    from dataclasses import asdict
+
+    from sync.commands import snapshot
+
+    point = snapshot.latest(settings)
+    print(json.dumps(asdict(point), indent=2) if args.json else snapshot.render(point))
+    return 0
+
+
 def cmd_capture(settings, args) -> int:
     from sync.commands import capture
 
@@ -237,6 +247,10 @@ def parser() -> argparse.ArgumentParser:
     wait.add_argument("names", nargs="*", metavar="NAME", help="a projection or one of its targets")
     wait.add_argument("--timeout", type=float, default=180.0, metavar="S")
     wait.set_defaults(func=cmd_wait)
+    snapshot = sub.add_parser("snapshot", help="the mirrors' latest consistent point: every mirror's Delta "
+                                               "version at one source transaction")
+    snapshot.add_argument("--json", action="store_true")
+    snapshot.set_defaults(func=cmd_snapshot)
     verify = sub.add_parser("verify", help="compare every projection with its Postgres oracle")
     verify.add_argument("--json", action="store_true")
     verify.set_defaults(func=cmd_verify)

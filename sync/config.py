@@ -151,6 +151,9 @@ class Settings:
     # commands that start Spark (LAKESYNC_VERBOSE=1, `lakesync --verbose`); else in a log
     # file under `logs` (sync/streaming/spark.py).
     verbose: bool = False
+    # The mirrors apply whole source transactions only, in commit order (sync/cdc/transactions.py);
+    # off (LAKESYNC_WHOLE_TRANSACTIONS=off): every change as soon as it is read.
+    whole_transactions: bool = True
     # (projection, directory) pairs overriding the catalog (sync/delta/catalog.py): a rebuild
     # writes the projection it builds there. Empty for every other command.
     roots: tuple[tuple[str, str], ...] = ()
@@ -259,6 +262,7 @@ def load() -> Settings:
         allowed_lateness_seconds=_seconds("LAKESYNC_ALLOWED_LATENESS_SECONDS", "3600"),
         spark_driver_memory=_env("LAKESYNC_SPARK_DRIVER_MEMORY", "3g"),
         verbose=_env("LAKESYNC_VERBOSE", "") not in ("", "0", "false", "no"),
+        whole_transactions=_env("LAKESYNC_WHOLE_TRANSACTIONS", "on") != "off",
         capture=parse_capture(_env("LAKESYNC_CAPTURE", DEFAULT_SCHEMA)),
         outbox_table=_env("LAKESYNC_OUTBOX", f"{DEFAULT_SCHEMA}.outbox"),
         projections=tuple(name.strip() for name in _env("LAKESYNC_PROJECTIONS", ",".join(PROJECTIONS)).split(",")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -40,6 +40,7 @@ from sync.files import write_json_atomically
 
 TRANSACTIONS_TOPIC = f"{TOPIC_PREFIX}.transaction"
 XID = "_lakesync_xid"  # a record's source transaction (null: a snapshot read, or no metadata)
+END = "_lakesync_end"  # an END record's value (null for every other record)
 KEPT_FILES = 20  # per-batch files kept (status and `wait` read the last committed batch's)
 
 Ranges = dict[tuple[str, int], tuple[int, int]]  # (topic, partition) -> [first, next) offsets
@@ -58,26 +59,32 @@ def is_end(value: Column) -> Column:
 class End:
     offset: int              # in TRANSACTIONS_TOPIC: commit order
     counts: dict[str, int]   # per topic read: the transaction's change events in it
+    lsn: int = 0             # its commit's LSN (Debezium's id is "<xid>:<lsn>")
+    ts_ms: int = 0           # its commit time, ms since the epoch
 
 
 @dataclass
 class Held:
-    """What one batch left for the next (see the module docstring, step 3)."""
+    """What one batch left for the next (see the module docstring, step 3), and the last
+    source transaction applied so far (`through`: where every table stands)."""
 
     ends: dict[str, End] = field(default_factory=dict)
     xids: set[str] = field(default_factory=set)
     ranges: Ranges = field(default_factory=dict)
+    through: End | None = None
 
     def to_json(self) -> dict:
-        return {"ends": {x: {"offset": e.offset, "counts": e.counts} for x, e in self.ends.items()},
+        return {"ends": {x: asdict(e) for x, e in self.ends.items()},
                 "xids": sorted(self.xids),
-                "ranges": [[t, p, first, after] for (t, p), (first, after) in sorted(self.ranges.items())]}
+                "ranges": [[t, p, first, after] for (t, p), (first, after) in sorted(self.ranges.items())],
+                "through": asdict(self.through) if self.through else None}
 
     @staticmethod
     def from_json(data: dict) -> "Held":
-        return Held(ends={x: End(e["offset"], e["counts"]) for x, e in data["ends"].items()},
+        return Held(ends={x: End(**e) for x, e in data["ends"].items()},
                     xids=set(data["xids"]),
-                    ranges={(t, p): (first, after) for t, p, first, after in data["ranges"]})
+                    ranges={(t, p): (first, after) for t, p, first, after in data["ranges"]},
+                    through=End(**data["through"]) if data.get("through") else None)
 
     def oldest(self) -> str | None:
         """The held transaction first in commit order (one whose END came, else any)."""
@@ -94,7 +101,8 @@ def end_of(offset: int, value: str, reads: Callable[[str], bool]) -> tuple[str, 
         topic = f"{TOPIC_PREFIX}.{collection['data_collection']}"
         if reads(topic) and collection["event_count"]:
             counts[topic] = int(collection["event_count"])
-    return payload["id"].split(":")[0], End(offset, counts)
+    xid, _, lsn = payload["id"].partition(":")
+    return xid, End(offset, counts, int(lsn or 0), int(payload.get("ts_ms") or 0))
 
 
 @dataclass(frozen=True)
@@ -142,7 +150,9 @@ def settle(previous: Held, ends: Iterable[tuple[str, End]], seen: Iterable[Seen]
         if part.xid in held:
             first, after = ranges.get((part.topic, part.partition), (part.first, part.last + 1))
             ranges[(part.topic, part.partition)] = (min(first, part.first), max(after, part.last + 1))
-    return Held(ends={x: e for x, e in all_ends.items() if x in held}, xids=held, ranges=ranges)
+    applied = [x for x in all_ends if x not in held]
+    through = max((all_ends[x] for x in applied), key=lambda e: e.offset, default=previous.through)
+    return Held(ends={x: e for x, e in all_ends.items() if x in held}, xids=held, ranges=ranges, through=through)
 
 
 # -- the per-batch files, in <checkpoint>/transactions ------------------------------------
@@ -177,24 +187,34 @@ def held_after(checkpoint: Path, batch_id: int) -> Held:
 
 
 def gate(records: DataFrame, batch_id: int, checkpoint: Path, reads: Callable[[str], bool],
-         read_again: Callable[[SparkSession, Ranges], DataFrame]) -> tuple[DataFrame, Held]:
+         read_again: Callable[[SparkSession, Ranges], DataFrame], whole: bool = True) -> tuple[DataFrame, Held]:
     """A batch's Kafka records (TRANSACTIONS_TOPIC's among them) -> the changes it may
     apply, checkpointed, and what it holds (written down before anything is applied).
-    `read_again` reads offset ranges of the topics, with the records' columns."""
+    `read_again` reads offset ranges of the topics, with the records' columns. Not
+    `whole` (the setting off): every change applies, those held before too."""
     previous = held_before(checkpoint, batch_id)
-    marked = records.withColumn(XID, xid(F.col("value")))
+    # A transaction record is kept as its END alone (`_lakesync_end`), its key and value
+    # emptied: the caller's filters run over these rows, Spark may evaluate them before
+    # the one dropping such records, and they are written for change events.
+    boundary = F.col("topic") == TRANSACTIONS_TOPIC
+    marked = records.select(
+        *[F.when(~boundary, F.col(c)).alias(c) if c in ("key", "value", "headers") else c for c in records.columns],
+        (xid(F.col("value")) if whole else F.lit(None).cast("string")).alias(XID),
+        F.when(boundary & is_end(F.col("value")), F.col("value").cast("string")).alias(END))
     if previous.ranges:
-        again = read_again(records.sparkSession, previous.ranges).where(F.col("value").isNotNull()).withColumn(XID, xid(F.col("value")))
+        again = read_again(records.sparkSession, previous.ranges).where(F.col("value").isNotNull())
+        again = again.withColumn(XID, xid(F.col("value"))).withColumn(END, F.lit(None).cast("string"))
         marked = marked.unionByName(again.where(F.col(XID).isin(sorted(previous.xids))).select(*marked.columns))
     marked = marked.localCheckpoint(eager=True)
-    ends = [end_of(row["offset"], row["value"], reads) for row in
-            marked.where((F.col("topic") == TRANSACTIONS_TOPIC) & is_end(F.col("value")))
-            .select("offset", F.col("value").cast("string").alias("value")).collect()]
-    seen = [Seen(row[XID], row["topic"], row["partition"], row["count"], row["first"], row["last"]) for row in
-            marked.where(F.col(XID).isNotNull()).groupBy(XID, "topic", "partition")
-            .agg(F.count("*").alias("count"), F.min("offset").alias("first"), F.max("offset").alias("last"))
-            .collect()]
-    held = settle(previous, ends, seen)
+    held = Held(through=previous.through)
+    if whole:
+        ends = [end_of(row["offset"], row[END], reads)
+                for row in marked.where(F.col(END).isNotNull()).select("offset", END).collect()]
+        seen = [Seen(row[XID], row["topic"], row["partition"], row["count"], row["first"], row["last"]) for row in
+                marked.where(F.col(XID).isNotNull()).groupBy(XID, "topic", "partition")
+                .agg(F.count("*").alias("count"), F.min("offset").alias("first"), F.max("offset").alias("last"))
+                .collect()]
+        held = settle(previous, ends, seen)
     write_held(checkpoint, batch_id, held)
-    applicable = F.col(XID).isNull() | ~F.col(XID).isin(sorted(held.xids)) if held.xids else F.lit(True)
-    return marked.where((F.col("topic") != TRANSACTIONS_TOPIC) & applicable).drop(XID), held
+    applicable = ~F.col(XID).isin(sorted(held.xids)) if held.xids else F.lit(True)
+    return marked.where(~boundary & (F.col(XID).isNull() | applicable)).drop(XID, END), held

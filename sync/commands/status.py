@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import asdict
 from typing import Any
 
+from projections.mirrors import NAME as MIRRORS
 from sync import search
+from sync.cdc.transactions import Held, held_after
 from sync.commands import all_projections
 from sync.commands.capture import snapshots
 from sync.commands.freshness import lags
 from sync.config import Settings, safe_dsn
+from sync.delta import catalog, points
 from sync.errors import LakesyncError
 from sync.projection import Target
 from sync.stack import capture
@@ -18,6 +22,7 @@ from sync.stack.kafka import kafka_ready
 from sync.stack.postgres import pg_connect
 from sync.stack.process import read_pid
 from sync.streaming import progress
+from sync.streaming.offsets import last_batch
 
 
 def _iso(ts: float | None) -> str | None:
@@ -90,7 +95,16 @@ def collect(settings: Settings) -> dict[str, Any]:
                 "watermarks": state.get("watermarks"),
                 "stopped": table_state.get("stopped"),
             })
-    return {"components": components, "slot_lag_bytes": slot_lag, "projections": projections}
+    # The source transactions the mirrors hold until all their changes are read (sync/cdc/transactions.py).
+    checkpoint = catalog.checkpoint(settings, MIRRORS)
+    last = last_batch(checkpoint)
+    held = held_after(checkpoint, last) if last is not None else Held()
+    point = points.latest(catalog.root(settings, MIRRORS), MIRRORS) if settings.whole_transactions else None
+    transactions = {"whole": settings.whole_transactions, "held": len(held.xids), "oldest_held": held.oldest(),
+                    # the consistent point `lakesync snapshot` prints, without its tables
+                    "point": {k: v for k, v in asdict(point).items() if k != "tables"} if point else None}
+    return {"components": components, "slot_lag_bytes": slot_lag, "projections": projections,
+            "transactions": transactions}
 
 
 def healthy(report: dict[str, Any]) -> bool:
@@ -118,6 +132,17 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"{name:<10} {'yes' if c['ok'] else 'NO':<5} {detail}")
     lag = report["slot_lag_bytes"]
     lines.append(f"replication slot lag: {lag if lag is not None else '?'} bytes")
+    transactions = report["transactions"]
+    if not transactions["whole"]:
+        lines.append("mirrors apply each change as read (LAKESYNC_WHOLE_TRANSACTIONS=off)")
+    else:
+        point = transactions["point"]
+        lines.append(f"consistent point (lakesync snapshot): batch {point['batch']}, source commit of "
+                     f"{point['committed_at'] or '-'}, published {point['published_at']}" if point
+                     else "consistent point: none yet")
+        if transactions["held"]:
+            lines.append(f"source transactions the mirrors hold until whole: {transactions['held']} "
+                         f"(oldest: xid {transactions['oldest_held']})")
     lines.append("")
     lines.append(f"{'projection':<28} {'kind':<9} {'lag':>6} {'rows applied':>13} {'dead letters':>12}  "
                  f"{'last batch (UTC)':<26} table")

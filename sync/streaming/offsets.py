@@ -44,19 +44,25 @@ def end_offsets(settings: Settings, pattern: str) -> Offsets:
         consumer.close()
 
 
+def last_batch(checkpoint: Path) -> int | None:
+    """The id of the last batch the query committed (None before its first)."""
+    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.is_dir() else []
+    return max(commits, default=None)
+
+
 def processed_offsets(checkpoint: Path) -> Offsets:
     """The end offsets of the last batch the query committed (from its checkpoint), or
     where the changes it holds start (sync/cdc/transactions.py): those are not applied."""
-    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.is_dir() else []
-    if not commits:
+    last = last_batch(checkpoint)
+    if last is None:
         return {}
-    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()
+    lines = (checkpoint / "offsets" / str(last)).read_text().splitlines()
     done: Offsets = {}
     for line in lines[2:]:
         for topic, partitions in json.loads(line).items():
             for partition, offset in partitions.items():
                 done[(topic, int(partition))] = int(offset)
-    for part, (first, _) in held_after(checkpoint, max(commits)).ranges.items():
+    for part, (first, _) in held_after(checkpoint, last).ranges.items():
         done[part] = min(done.get(part, first), first)
     return done
 
@@ -71,10 +77,10 @@ def processed_versions(checkpoint: Path, tables: list[str]) -> Offsets:
     """For a query streaming from Delta tables (its sources in `tables` order): the next
     version of each table it will read, from its last committed batch. Delta's offset
     (v, index -1) means every version before v has been read."""
-    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.is_dir() else []
-    if not commits:
+    last = last_batch(checkpoint)
+    if last is None:
         return {}
-    lines = (checkpoint / "offsets" / str(max(commits))).read_text().splitlines()[2:]
+    lines = (checkpoint / "offsets" / str(last)).read_text().splitlines()[2:]
     done: Offsets = {}
     for table, line in zip(tables, lines):
         # (v, index i >= 0) means version v is read up to its file i: v is not done either.

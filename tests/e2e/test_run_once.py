@@ -3,19 +3,23 @@
 Runs after the other end-to-end files: it stops the session's runner and starts it
 again at the end, so the checkpoint is also shown to resume where it stopped. Its catch-up
 runs in small batches, so Kafka batches end inside source transactions: no version of
-the accounts' mirror may hold part of one (sync/cdc/transactions.py).
+the accounts' mirror may hold part of one (sync/cdc/transactions.py), and at every
+consistent point the mirrors agree with each other (sync/delta/points.py).
 """
 
+import json
 from decimal import Decimal
 
 import pytest
+from pyspark.sql import functions as F
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from projections import mirrors
 from sync import config
 from sync.cdc.transactions import held_after
-from sync.delta import catalog
+from sync.commands import snapshot
+from sync.delta import catalog, points
 from sync.delta.merge import latest_version
 from sync.demo import bank, bank_clients
 from sync.stack.background import start_background, stop_background
@@ -39,6 +43,8 @@ def test_run_once_processes_what_is_there_and_exits(stack, app_db, db, synced, s
     assert stop_background(stack, timeout=60), "the session's runner is not running"
     accounts = str(mirrors.mirror_path(stack, "accounts"))
     first = latest_version(accounts) + 1
+    root = catalog.root(stack, mirrors.NAME)
+    last_point = points.latest(root, mirrors.NAME)
 
     engine = bank.engine(config.role_dsn(stack, config.ROLES["app"]))
     with Session(engine) as session, session.begin():  # every operation double-entry, one transaction each
@@ -76,6 +82,21 @@ def test_run_once_processes_what_is_there_and_exits(stack, app_db, db, synced, s
     held = [held_after(checkpoint, int(p.stem)) for p in (checkpoint / "transactions").glob("*.json")]
     assert any(part[0] == "lakesync.public.accounts" for h in held for part in h.ranges), \
         "no batch ended inside an operation: the test did not cut one"
+
+    # At every consistent point the catch-up published, the mirrors read together: each
+    # currency balances, and every account's customer is there (opened in one transaction).
+    published = [p for p in points.published(root, mirrors.NAME) if last_point is None or p.batch > last_point.batch]
+    published = [p for p in published if "mirror.accounts" in p.tables]  # (a fresh stack's first ones have none)
+    assert len(published) > 1
+    for point in published:
+        tables = snapshot.dataframes(spark, stack, point)
+        rows = tables["mirror.accounts"].select("currency", "balance").collect()
+        assert currency_totals(rows) == expected, f"point of batch {point.batch}"
+        customers = tables["mirror.customers"].select(F.col("id").alias("customer_id"))
+        orphans = tables["mirror.accounts"].where("customer_id IS NOT NULL").join(customers, "customer_id", "left_anti")
+        assert orphans.count() == 0, f"point of batch {point.batch}: an account ahead of its customer"
+    shown = json.loads(lakesync("snapshot", "--json", check=True).stdout)
+    assert shown["batch"] == published[-1].batch and shown["tables"]["mirror.accounts"]["version"] == versions[-1]
 
     start_background(stack)
     app_db.execute("UPDATE products SET name = 'resumed' WHERE id = 7050")

@@ -19,7 +19,7 @@ from projections import changelog, mirrors
 from sync import config
 from sync.bench import merge_scaling
 from sync.cdc.decode import KEYLESS_KEY_SCHEMA, UNAVAILABLE
-from sync.delta import deadletters, fencing
+from sync.delta import catalog, deadletters, fencing, points
 from sync.delta.merge import ensure_table, latest_version
 from sync.errors import Fenced
 from tests.delta_readers import duckdb_rows, duckdb_with_delta, reader_features, spark_rows
@@ -810,6 +810,8 @@ def test_a_batch_applies_whole_source_transactions_in_commit_order_and_holds_the
                    (TOPIC, 1, _in_transaction(event("c", 2, 50, 51, "b", "2.00"), 50, 51)),
                    (TOPIC, 2, _in_transaction(event("c", 3, 50, 52, "c", "3.00"), 50, 52))]), 0)
     assert {k: r["name"] for k, r in mirror(spark, settings).items()} == {1: "a"}
+    point = points.latest(catalog.root(settings, mirrors.NAME), mirrors.NAME)  # sync/delta/points.py
+    assert (point.batch, point.lsn, point.tables["mirror.widgets"]["version"]) == (0, 999, latest_version(path))
     # 50's END says three widgets: one is still to come; 60's END before its change.
     apply(records([(txn, 1, _end(50, 3)), (txn, 2, _end(60, 1))]), 1)
     assert {k: r["name"] for k, r in mirror(spark, settings).items()} == {1: "a"}
@@ -821,7 +823,16 @@ def test_a_batch_applies_whole_source_transactions_in_commit_order_and_holds_the
     names = [sorted(r["name"] for r in spark.read.format("delta").option("versionAsOf", v["version"]).load(path)
                     .collect()) for v in versions]
     assert sorted(names, key=len) == [[], ["a"], ["a2", "b", "c", "d"]]  # (version 0: the table made)
+    point = points.latest(catalog.root(settings, mirrors.NAME), mirrors.NAME)
+    assert (point.batch, point.tables["mirror.widgets"]["version"]) == (2, latest_version(path))
     # Replayed, the last batch reads what the one before it held, and changes nothing.
     apply(records([(TOPIC, 3, _in_transaction(event("u", 1, 50, 53, "a2", "1.50"), 50, 53)),
                    (TOPIC, 4, _in_transaction(event("c", 4, 60, 61, "d", "4.00"), 60, 61))]), 2)
     assert len(DeltaTable.forPath(spark, path).history().collect()) == len(versions)
+    # Turned off (LAKESYNC_WHOLE_TRANSACTIONS=off), the next batch applies what was held too.
+    apply(records([(TOPIC, 5, _in_transaction(event("c", 5, 70, 71, "e", "5.00"), 70, 71))]), 3)
+    assert 5 not in mirror(spark, settings)
+    unsafe = mirrors.MirrorBatch(dataclasses.replace(settings, whole_transactions=False),
+                                 fencing.take(spark, settings, mirrors.NAME, []), lambda: {}, read_again)
+    unsafe(records([(TOPIC, 6, _in_transaction(event("c", 6, 80, 81, "f", "6.00"), 80, 81))]), 4)
+    assert {5, 6} <= set(mirror(spark, settings))
