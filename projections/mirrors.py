@@ -162,8 +162,10 @@ class Mirrors(Projection):
         return lag_by_topic.get(f"{TOPIC_PREFIX}.{target.source}", 0)
 
     def state_paths(self, settings: Settings) -> list[Path]:
-        """What the mirrors keep besides their tables: the tombstones, the rows moved away."""
-        return [catalog.root(settings, NAME) / "tombstones", catalog.root(settings, NAME) / "moved"]
+        """What the mirrors keep besides their tables: the tombstones, the rows moved away,
+        the consistent points (a reset's new tables make the old ones meaningless)."""
+        return [catalog.root(settings, NAME) / "tombstones", catalog.root(settings, NAME) / "moved",
+                points.folder(catalog.root(settings, NAME), NAME)]
 
     def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
         return run_batches(read_topics(spark, settings, WHOLE_TRANSACTIONS), NAME, MirrorBatch(settings, fence),

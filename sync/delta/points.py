@@ -36,7 +36,8 @@ class Point:
     tables: dict[str, dict]     # target name -> {"path": ..., "version": ...}
 
 
-def _folder(root: Path, projection: str) -> Path:
+def folder(root: Path, projection: str) -> Path:
+    """Where `projection`'s points are (cleared with its state: sync/delta/catalog.py `clear`)."""
     return root / "_points" / projection
 
 
@@ -53,10 +54,10 @@ def publish(root: Path, projection: str, batch: int, through: End | None, tables
     point = Point(batch=batch, lsn=through.lsn if through else None,
                   committed_at=_iso(through.ts_ms / 1000) if through else None,
                   published_at=_iso(time.time()), tables=tables)
-    folder = _folder(root, projection)
-    write_json_atomically(folder / f"{batch}.json", asdict(point))
-    for old in _batches(folder)[:-POINTS_KEPT]:
-        (folder / f"{old}.json").unlink(missing_ok=True)
+    kept = folder(root, projection)
+    write_json_atomically(kept / f"{batch}.json", asdict(point))
+    for old in _batches(kept)[:-POINTS_KEPT]:
+        (kept / f"{old}.json").unlink(missing_ok=True)
     return point
 
 
@@ -66,11 +67,11 @@ def _read(folder: Path, batch: int) -> Point:
 
 def published(root: Path, projection: str) -> list[Point]:
     """The points kept, oldest first."""
-    folder = _folder(root, projection)
-    return [_read(folder, batch) for batch in _batches(folder)]
+    kept = folder(root, projection)
+    return [_read(kept, batch) for batch in _batches(kept)]
 
 
 def latest(root: Path, projection: str) -> Point | None:
-    folder = _folder(root, projection)
-    batches = _batches(folder)
-    return _read(folder, batches[-1]) if batches else None
+    kept = folder(root, projection)
+    batches = _batches(kept)
+    return _read(kept, batches[-1]) if batches else None
