@@ -65,7 +65,7 @@ from sync.fault import crash_point
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
 from sync.streaming.progress import Outcome, Steps
-from sync.streaming.stream import at_or_after, read_ranges, read_topics, run_batches, start_offsets
+from sync.streaming.stream import Ranges, at_or_after, read_ranges, read_topics, run_batches, start_offsets
 
 NAME = "mirrors"
 KIND = "mirror"
@@ -232,7 +232,7 @@ class MirrorBatch(Batch):
 
     def __init__(self, settings: Settings, fence: Fence,
                  read_column_history: Callable[[], column_changes.History] | None = None,
-                 read_again: Callable[[SparkSession, transactions.Ranges], DataFrame] | None = None):
+                 read_again: Callable[[SparkSession, Ranges], DataFrame] | None = None):
         super().__init__(NAME, settings, fence)
         self.read_column_history = read_column_history or (lambda: column_changes.read_history(settings))
         # The held changes of incomplete source transactions, read again (sync/cdc/transactions.py).

@@ -9,31 +9,13 @@ tombstones (none).
 
 from __future__ import annotations
 
-import json
 import time
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sync.config import Settings
-from sync.streaming.stream import CONSUMER_OPTIONS
-
-Ranges = dict[tuple[str, int], tuple[int, int]]
-
-
-def read(spark: SparkSession, settings: Settings, ranges: Ranges):
-    starts: dict[str, dict[str, int]] = {}
-    ends: dict[str, dict[str, int]] = {}
-    for (topic, partition), (start, end) in ranges.items():
-        starts.setdefault(topic, {})[str(partition)] = start
-        ends.setdefault(topic, {})[str(partition)] = end
-    return (spark.read.format("kafka")
-            .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
-            .option("assign", json.dumps({t: [int(p) for p in ps] for t, ps in starts.items()}))
-            .option("startingOffsets", json.dumps(starts))
-            .option("endingOffsets", json.dumps(ends))
-            .options(**CONSUMER_OPTIONS)  # as the projections read
-            .load())
+from sync.streaming.stream import Ranges, read_ranges  # as the projections read
 
 
 def measure(spark: SparkSession, settings: Settings, ranges: Ranges) -> dict:
@@ -42,9 +24,9 @@ def measure(spark: SparkSession, settings: Settings, ranges: Ranges) -> dict:
     if not ranges:
         return {"events": 0, "records": 0, "seconds": 0.0, "events_per_s": None}
     started = time.monotonic()
-    read(spark, settings, ranges).write.format("noop").mode("overwrite").save()
+    read_ranges(spark, settings, ranges, headers=False).write.format("noop").mode("overwrite").save()
     seconds = time.monotonic() - started
-    counts = read(spark, settings, ranges).agg(F.count("*").alias("records"),
-                                               F.count("value").alias("events")).first()
+    counts = (read_ranges(spark, settings, ranges, headers=False)
+              .agg(F.count("*").alias("records"), F.count("value").alias("events")).first())
     return {"events": counts["events"], "records": counts["records"], "seconds": round(seconds, 3),
             "events_per_s": round(counts["events"] / seconds) if seconds else None}

@@ -37,13 +37,12 @@ from pyspark.sql import functions as F
 
 from sync.config import TOPIC_PREFIX
 from sync.files import write_json_atomically
+from sync.streaming.stream import Ranges
 
 TRANSACTIONS_TOPIC = f"{TOPIC_PREFIX}.transaction"
 XID = "_lakesync_xid"  # a record's source transaction (null: a snapshot read, or no metadata)
 END = "_lakesync_end"  # an END record's value (null for every other record)
 KEPT_FILES = 20  # per-batch files kept (status and `wait` read the last committed batch's)
-
-Ranges = dict[tuple[str, int], tuple[int, int]]  # (topic, partition) -> [first, next) offsets
 
 
 def xid(value: Column) -> Column:

@@ -30,6 +30,8 @@ from sync.projection import KafkaTopics
 # written, so the short wait costs nothing elsewhere.
 CONSUMER_OPTIONS = {"kafka.isolation.level": "read_committed", "kafka.fetch.max.wait.ms": "10"}
 
+Ranges = dict[tuple[str, int], tuple[int, int]]  # (topic, partition) -> [first, next) offsets
+
 
 def read_topics(spark: SparkSession, settings: Settings, topics: KafkaTopics) -> DataFrame:
     """Every topic matching the pattern (new ones too), from offset zero on first start."""
@@ -43,8 +45,7 @@ def read_topics(spark: SparkSession, settings: Settings, topics: KafkaTopics) ->
             .load())
 
 
-def read_ranges(spark: SparkSession, settings: Settings, ranges: dict[tuple[str, int], tuple[int, int]],
-                headers: bool) -> DataFrame:
+def read_ranges(spark: SparkSession, settings: Settings, ranges: Ranges, headers: bool) -> DataFrame:
     """Offset ranges [first, next) of topic partitions, read again as one batch, with the
     columns `read_topics` gives."""
     starting: dict[str, dict[str, int]] = {}
