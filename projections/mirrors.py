@@ -238,7 +238,8 @@ class MirrorBatch(Batch):
         # The held changes of incomplete source transactions, read again (sync/cdc/transactions.py).
         self.read_again = read_again or (lambda spark, ranges: read_ranges(spark, settings, ranges, headers=True))
         outbox = f"{TOPIC_PREFIX}.{settings.outbox_table}"  # (routed to the events' topics: never a mirror's)
-        self.reads_topic = lambda topic: topic != outbox and re.fullmatch(TOPIC_PATTERN, topic) is not None
+        self.transaction_rule = transactions.changes(
+            lambda topic: topic != outbox and re.fullmatch(TOPIC_PATTERN, topic) is not None)
         self.after_resnapshot = at_or_after(start_offsets(settings))
         self.tombstone_tables: set[str] = set()  # created in this run (or found), not checked again
         # Per tombstones table: none is after this position (None: it has none); `_tombstones_after`.
@@ -257,7 +258,7 @@ class MirrorBatch(Batch):
         # (spark.databricks.delta.merge.materializeSource, sync/streaming/spark.py).
         records, held = transactions.gate(batch.where(F.col("value").isNotNull() & self.after_resnapshot),
                                           commit.batch_id, catalog.checkpoint(self.settings, NAME),
-                                          self.reads_topic, self.read_again, self.settings.whole_transactions)
+                                          self.transaction_rule, self.read_again, self.settings.whole_transactions)
         steps.done("read")
         rows = self._tables(records)
         changed_at = self._column_changes(rows)
@@ -292,17 +293,17 @@ class MirrorBatch(Batch):
         for letter in dead:
             outcome.dead_letters[letter.table] = outcome.dead_letters.get(letter.table, 0) + 1
         if self.settings.whole_transactions:
-            self._publish_point(commit.batch_id, held.through, outcome)
+            self._publish_point(commit.batch_id, held, outcome)
         return outcome
 
-    def _publish_point(self, batch_id: int, through: transactions.End | None, outcome: Outcome) -> None:
+    def _publish_point(self, batch_id: int, held: transactions.Held, outcome: Outcome) -> None:
         """Step 4: every mirror's version now, all at the source transaction the batch
         applied through (sync/delta/points.py). A stopped mirror is behind it: left out."""
         stopped = set(outcome.stopped) | {name for name, state in self.progress.state.get("tables", {}).items()
                                           if state.get("stopped") and name not in outcome.applied}
         tables = {t.name: {"path": t.table, "version": latest_version(t.table)}
                   for t in PROJECTION.targets(self.settings) if t.state_key not in stopped}
-        points.publish(catalog.root(self.settings, NAME), NAME, batch_id, through, tables)
+        points.publish(catalog.root(self.settings, NAME), NAME, batch_id, held, tables)
 
     def _table(self, commit: BatchCommit, records: DataFrame, row) -> "TableResult":
         """Step 2 for one table, on `commit`'s session. A table Spark or Delta refuses (an

@@ -151,8 +151,9 @@ class Settings:
     # commands that start Spark (LAKESYNC_VERBOSE=1, `lakesync --verbose`); else in a log
     # file under `logs` (sync/streaming/spark.py).
     verbose: bool = False
-    # The mirrors apply whole source transactions only, in commit order (sync/cdc/transactions.py);
-    # off (LAKESYNC_WHOLE_TRANSACTIONS=off): every change as soon as it is read.
+    # The mirrors and the ledger apply whole source transactions only, in commit order, and
+    # publish consistent points (sync/cdc/transactions.py, sync/delta/points.py); off
+    # (LAKESYNC_WHOLE_TRANSACTIONS=off): every change as soon as it is read.
     whole_transactions: bool = True
     # (projection, directory) pairs overriding the catalog (sync/delta/catalog.py): a rebuild
     # writes the projection it builds there. Empty for every other command.

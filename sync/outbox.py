@@ -119,6 +119,12 @@ def emit(session: Session, aggregate_type: str, aggregate_id: str | int, event_t
     return event
 
 
+def sequence_table(outbox_table: str) -> str:
+    """The per-aggregate sequence table beside `outbox_table` (schema.outbox): `ddl` makes both."""
+    schema, _, _ = outbox_table.rpartition(".")
+    return f"{schema}.outbox_sequence" if schema else "outbox_sequence"
+
+
 def topic(aggregate_type: str) -> str:
     """The Kafka topic an aggregate type's events are published to."""
     return EVENTS_TOPIC_PREFIX + aggregate_type

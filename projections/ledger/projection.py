@@ -4,6 +4,8 @@ Input:  lakesync.events.account, the outbox router's topic for aggregate type `a
         (sync/outbox.py, sync/demo/bank.py): one event per posting, keyed by account, with a
         per-account sequence number assigned in the application's transaction. The
         topic is never compacted nor deleted by time, so a rebuild reads all of it.
+        With the other aggregate types' topics and the source's transaction boundaries:
+        a batch appends whole source transactions only (step 0).
 Key:    the event id. Redelivered events (a Connect crash, a replayed batch) carry the
         same event id and the same (account, seq), and never make a second entry.
 Target: <lake>/ledger, append-only (`delta.appendOnly=true`: Delta itself refuses
@@ -15,6 +17,14 @@ Target: <lake>/ledger, append-only (`delta.appendOnly=true`: Delta itself refuse
         <lake>/ledger_balances: one row per account, the sum of its postings.
 Apply:  per batch, on the driver (a batch of postings is small; the chain is sequential
         per account anyway), in order:
+          0. Hold the events of source transactions not yet whole (sync/cdc/transactions.py):
+             END counts the changes of the outbox's sequence table, one per event `emit`
+             wrote in the transaction, so a transaction is whole when that many events of
+             it, of any aggregate type, have been read (they carry its id in header
+             `transaction`; an event written before the connector gave transaction
+             metadata has none and is not held). So every version of the ledger and its
+             balances holds a prefix of the source's transactions: each operation's
+             postings all, or none.
           1. Parse each record; one that is not a well-formed posting goes to the dead
              letters with the reason.
           2. Per account, in seq order: seq <= the recorded head is a redelivery (its
@@ -25,6 +35,8 @@ Apply:  per batch, on the driver (a batch of postings is small; the chain is seq
           4. MERGE the balances of the accounts touched, guarded by each account's
              last_seq, so a posting is added once even when step 3 was done by a run
              that crashed before this step.
+          5. Publish the ledger's point: both tables' versions, at the source transaction
+             the batch applied through (sync/delta/points.py).
         The chain heads are read once per run and then kept on the driver.
 Oracle: verify recomputes every chain, checks that each operation's postings sum to zero,
         and compares each account's entry count with Postgres' outbox_sequence; the
@@ -34,10 +46,11 @@ Oracle: verify recomputes every chain, checks that each operation's postings sum
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -45,23 +58,29 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from projections.ledger import AGGREGATE, MAX_AMOUNT, SCALE, audit, balances_path, chain, ledger_path
+from sync.cdc import transactions
 from sync.cdc.ordering import parse_sequence
 from sync.compare import Report, compare
-from sync.config import Settings
-from sync.delta import deadletters
+from sync.config import EVENTS_TOPIC_PREFIX, TOPIC_PREFIX, Settings
+from sync.delta import catalog, deadletters, points
 from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table
-from sync.outbox import topic
+from sync.outbox import sequence_table, topic
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
+from sync.streaming.offsets import latest_version
 from sync.streaming.progress import Outcome, Steps
-from sync.streaming.stream import read_topics, run_batches
+from sync.streaming.stream import Ranges, read_ranges, read_topics, run_batches
 
 NAME = "ledger"
 KIND = "ledger"
 TOPICS = KafkaTopics(topic(AGGREGATE).replace(".", r"\."), headers=True)
+# What the ledger reads: every aggregate type's events (a source transaction's events are
+# counted whole, whatever their type: step 0) and the source's transaction boundaries.
+WHOLE_TRANSACTIONS = KafkaTopics(f"(?:{re.escape(EVENTS_TOPIC_PREFIX)}.*|{re.escape(transactions.TRANSACTIONS_TOPIC)})",
+                                 headers=True)
 SCHEMA = ("event_id string, account bigint, seq bigint, amount decimal(20,4), currency string, "
           "event_type string, operation string, operation_id string, counterparty bigint, corrects string, "
           "event_time timestamp, recorded_at timestamp, `_topic` string, `_partition` int, `_offset` bigint, "
@@ -143,10 +162,30 @@ def _bigint(value) -> int:
 
 # -- steps 2-4 --
 
+def transaction_rule(settings: Settings) -> transactions.Rule:
+    """Step 0's rule: END's count of the sequence table's changes is the number of events
+    the transaction emitted, and an event carries its change's transaction block in header
+    `transaction` (jvm/smt SourceToHeader)."""
+    sequence_topic = f"{TOPIC_PREFIX}.{sequence_table(settings.outbox_table)}"
+    return transactions.Rule(counted=lambda name: name == sequence_topic,
+                             xid=lambda: transactions.xid_of(_header("transaction").cast("string"), "$.id"),
+                             sequence=lambda: F.get_json_object(_header("source").cast("string"), "$.sequence"),
+                             count_as=lambda name: sequence_topic, compacted=False)
+
+
+def _header(key: str):
+    """A record's header `key` (null where it has none: a transaction boundary's record)."""
+    return F.get(F.filter("headers", lambda h: h["key"] == key), 0)["value"]
+
+
 class LedgerBatch(Batch):
-    def __init__(self, settings: Settings, fence: Fence):
+    def __init__(self, settings: Settings, fence: Fence,
+                 read_again: Callable[[SparkSession, Ranges], DataFrame] | None = None):
         super().__init__(NAME, settings, fence)
         self.heads: dict[int, tuple[int, str, str]] = {}  # account -> (seq, hash, event_id), read by `open`
+        self.transaction_rule = transaction_rule(settings)
+        # The held events of incomplete source transactions, read again (sync/cdc/transactions.py).
+        self.read_again = read_again or (lambda spark, ranges: read_ranges(spark, settings, ranges, headers=True))
 
     def open(self, spark: SparkSession) -> None:
         ledger = ledger_path(self.settings)
@@ -158,8 +197,11 @@ class LedgerBatch(Batch):
     def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome:
         spark = commit.spark
         ledger, balances = ledger_path(self.settings), balances_path(self.settings)
-        records = batch.select("key", "value", "topic", "partition", "offset",
-                               F.filter("headers", lambda h: h["key"] == "source")[0]["value"].alias("source"))
+        # 0. whole source transactions only
+        gated, held = transactions.gate(batch, commit.batch_id, catalog.checkpoint(self.settings, NAME),
+                                        self.transaction_rule, self.read_again, self.settings.whole_transactions)
+        gated = gated.where(F.col("topic") == topic(AGGREGATE))
+        records = gated.select("key", "value", "topic", "partition", "offset", _header("source").alias("source"))
         rows = records.orderBy("topic", "partition", "offset").collect()
 
         # 1. parse
@@ -215,9 +257,13 @@ class LedgerBatch(Batch):
         touched = new + recorded
         if touched:
             self._merge_balances(commit, balances, touched, applied_at)
-        dead = deadletters.write(commit, self.settings, batch, errors)
+        dead = deadletters.write(commit, self.settings, gated, errors)
+        if self.settings.whole_transactions:  # 5.
+            points.publish(catalog.root(self.settings, NAME), NAME, commit.batch_id, held,
+                           {t.name: {"path": t.table, "version": latest_version(t.table)}
+                            for t in PROJECTION.targets(self.settings)})
         return Outcome(applied={NAME: len(new), "balances": len({e["account"] for e in touched})},
-                       dead_letters={NAME: dead} if dead else {})
+                       dead_letters={NAME: dead} if dead else {}, held_transactions=len(held.xids))
 
     def _recorded(self, spark: SparkSession, ledger: str, redelivered: list[dict]):
         """Split redelivered events into those the ledger holds (same event id at that
@@ -284,10 +330,15 @@ class Ledger(Projection):
                 Target(name=f"{NAME}.balances", kind="balances", table=balances_path(settings), keys=["account"],
                        oracle_sql=BALANCES_ORACLE, source="accounts")]
 
+    def state_paths(self, settings: Settings) -> list[Path]:
+        """The ledger's consistent points (sync/delta/points.py): they name its tables' versions."""
+        return [points.folder(catalog.root(settings, NAME), NAME)]
+
     def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
         # Created before the first event arrives: the views stream from this table.
         ensure_table(spark, ledger_path(settings), SCHEMA, {**PROPERTIES, **fence.properties})
-        return run_batches(read_topics(spark, settings, TOPICS), NAME, LedgerBatch(settings, fence), settings, once)
+        return run_batches(read_topics(spark, settings, WHOLE_TRANSACTIONS), NAME, LedgerBatch(settings, fence),
+                           settings, once)
 
     def check(self, settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
         """verify's comparison for the ledger: each account's entry count against Postgres'

@@ -21,7 +21,16 @@ mirrors) decides per batch, with `settle`:
      their changes lie in. The next batch reads those ranges again (Kafka keeps every
      record for a day: the topics' min.compaction.lag.ms) and keeps only the held
      transactions' changes.
-A replayed batch reads the same records and the same file, so it holds the same.
+A replayed batch reads the same records and the same file, so it holds the same. A change
+Kafka holds twice (a record produced again) whose transaction was applied before applies
+again, idempotently, and its END again is ignored: a change's source.sequence starts
+with the commit LSN of the transaction before its own, END's id ends with its own, so
+both are placed against the last transaction applied (`Held.through`).
+
+Which records count toward END, and how a record names its transaction, is the
+projection's `Rule`: the mirrors count each table topic's change events; the ledger
+counts the outbox events of every aggregate type against END's count of the outbox's
+sequence table (sync/outbox.py: one sequence change per event emitted).
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from typing import Callable, Iterable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from sync.cdc.ordering import position_columns
 from sync.config import TOPIC_PREFIX
 from sync.files import write_json_atomically
 from sync.streaming.stream import Ranges
@@ -47,11 +57,33 @@ KEPT_FILES = 20  # per-batch files kept (status and `wait` read the last committ
 
 def xid(value: Column) -> Column:
     """The source transaction of a change record (its Kafka value, JSON with schema)."""
-    return F.substring_index(F.get_json_object(value.cast("string"), "$.payload.transaction.id"), ":", 1)
+    return xid_of(value.cast("string"), "$.payload.transaction.id")
+
+
+def xid_of(text: Column, path: str) -> Column:
+    """The transaction of Debezium's transaction id ("<xid>:<LSN>") at JSON `path` of `text`."""
+    return F.substring_index(F.get_json_object(text, path), ":", 1)
 
 
 def is_end(value: Column) -> Column:
     return F.get_json_object(value.cast("string"), "$.payload.status") == "END"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How a projection's records belong to source transactions, and what END counts of them."""
+
+    counted: Callable[[str], bool]       # the topics (END's tables, as topics) whose counts matter
+    xid: Callable[[], Column]            # a change record's transaction, over the records' columns
+    sequence: Callable[[], Column]       # its Debezium source.sequence (sync/cdc/ordering.py)
+    count_as: Callable[[str], str] = lambda topic: topic  # the counted topic a record's topic counts toward
+    compacted: bool = True               # its topics are compacted: fewer changes than END counts may be all
+
+
+def changes(counted: Callable[[str], bool]) -> Rule:
+    """The rule for change events of the table topics (the mirrors)."""
+    return Rule(counted, lambda: xid(F.col("value")),
+                lambda: F.get_json_object(F.col("value").cast("string"), "$.payload.source.sequence"))
 
 
 @dataclass(frozen=True)
@@ -71,19 +103,20 @@ class Held:
     xids: set[str] = field(default_factory=set)
     ranges: Ranges = field(default_factory=dict)
     through: End | None = None
+    first: int | None = None  # commit order (END offset) of the first transaction this batch applied that counts
 
     def to_json(self) -> dict:
         return {"ends": {x: asdict(e) for x, e in self.ends.items()},
                 "xids": sorted(self.xids),
                 "ranges": [[t, p, first, after] for (t, p), (first, after) in sorted(self.ranges.items())],
-                "through": asdict(self.through) if self.through else None}
+                "through": asdict(self.through) if self.through else None, "first": self.first}
 
     @staticmethod
     def from_json(data: dict) -> "Held":
         return Held(ends={x: End(**e) for x, e in data["ends"].items()},
                     xids=set(data["xids"]),
                     ranges={(t, p): (first, after) for t, p, first, after in data["ranges"]},
-                    through=End(**data["through"]) if data.get("through") else None)
+                    through=End(**data["through"]) if data.get("through") else None, first=data.get("first"))
 
     def oldest(self) -> str | None:
         """The held transaction first in commit order (one whose END came, else any)."""
@@ -116,16 +149,19 @@ class Seen:
     last: int
 
 
-def settle(previous: Held, ends: Iterable[tuple[str, End]], seen: Iterable[Seen]) -> Held:
+def settle(previous: Held, ends: Iterable[tuple[str, End]], seen: Iterable[Seen], rule: Rule | None = None) -> Held:
     """Steps 1-3 of the module docstring: what this batch holds. `seen` covers the held
     changes read again and the batch's own; every change not of a held transaction applies."""
-    all_ends = {**previous.ends, **dict(ends)}
+    # An END at or before the last one applied is of a transaction applied before, again.
+    all_ends = {**previous.ends, **{x: e for x, e in ends
+                                    if previous.through is None or e.lsn > previous.through.lsn}}
     seen = list(seen)
+    count_as, compacted = (rule.count_as, rule.compacted) if rule else ((lambda topic: topic), True)
     counted: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     in_topic: dict[str, set[str]] = defaultdict(set)
     for part in seen:
-        counted[part.xid][part.topic] += part.count
-        in_topic[part.topic].add(part.xid)
+        counted[part.xid][count_as(part.topic)] += part.count
+        in_topic[count_as(part.topic)].add(part.xid)
 
     def later(y: str, than: End) -> bool:  # an END not read yet comes after every END read
         return y not in all_ends or all_ends[y].offset > than.offset
@@ -136,7 +172,7 @@ def settle(previous: Held, ends: Iterable[tuple[str, End]], seen: Iterable[Seen]
         in commit order: the changes missing were compacted away, superseded by a later
         change of their key, as in a rebuild from offset zero)."""
         end = all_ends[x]
-        return all(counted[x][topic] >= n or any(later(y, end) for y in in_topic[topic] if y != x)
+        return all(counted[x][topic] >= n or compacted and any(later(y, end) for y in in_topic[topic] if y != x)
                    for topic, n in end.counts.items())
 
     held: set[str] = set()
@@ -149,9 +185,11 @@ def settle(previous: Held, ends: Iterable[tuple[str, End]], seen: Iterable[Seen]
         if part.xid in held:
             first, after = ranges.get((part.topic, part.partition), (part.first, part.last + 1))
             ranges[(part.topic, part.partition)] = (min(first, part.first), max(after, part.last + 1))
-    applied = [x for x in all_ends if x not in held]
-    through = max((all_ends[x] for x in applied), key=lambda e: e.offset, default=previous.through)
-    return Held(ends={x: e for x, e in all_ends.items() if x in held}, xids=held, ranges=ranges, through=through)
+    applied = [all_ends[x] for x in all_ends if x not in held]
+    through = max(applied, key=lambda e: e.offset, default=previous.through)
+    first = min((e.offset for e in applied if e.counts), default=None)
+    return Held(ends={x: e for x, e in all_ends.items() if x in held}, xids=held, ranges=ranges, through=through,
+                first=first)
 
 
 # -- the per-batch files, in <checkpoint>/transactions ------------------------------------
@@ -185,7 +223,7 @@ def held_after(checkpoint: Path, batch_id: int) -> Held:
     return Held.from_json(json.loads(path.read_text())) if path.is_file() else Held()
 
 
-def gate(records: DataFrame, batch_id: int, checkpoint: Path, reads: Callable[[str], bool],
+def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
          read_again: Callable[[SparkSession, Ranges], DataFrame], whole: bool = True) -> tuple[DataFrame, Held]:
     """A batch's Kafka records (TRANSACTIONS_TOPIC's among them) -> the changes it may
     apply, checkpointed, and what it holds (written down before anything is applied).
@@ -196,24 +234,26 @@ def gate(records: DataFrame, batch_id: int, checkpoint: Path, reads: Callable[[s
     # emptied: the caller's filters run over these rows, Spark may evaluate them before
     # the one dropping such records, and they are written for change events.
     boundary = F.col("topic") == TRANSACTIONS_TOPIC
+    transaction = rule.xid() if whole else F.lit(None).cast("string")
+    if previous.through is not None:  # a change of a transaction applied before, again
+        transaction = F.when(position_columns(rule.sequence())[0] >= previous.through.lsn, transaction)
     marked = records.select(
         *[F.when(~boundary, F.col(c)).alias(c) if c in ("key", "value", "headers") else c for c in records.columns],
-        (xid(F.col("value")) if whole else F.lit(None).cast("string")).alias(XID),
-        F.when(boundary & is_end(F.col("value")), F.col("value").cast("string")).alias(END))
+        transaction.alias(XID), F.when(boundary & is_end(F.col("value")), F.col("value").cast("string")).alias(END))
     if previous.ranges:
         again = read_again(records.sparkSession, previous.ranges).where(F.col("value").isNotNull())
-        again = again.withColumn(XID, xid(F.col("value"))).withColumn(END, F.lit(None).cast("string"))
+        again = again.withColumn(XID, rule.xid()).withColumn(END, F.lit(None).cast("string"))
         marked = marked.unionByName(again.where(F.col(XID).isin(sorted(previous.xids))).select(*marked.columns))
     marked = marked.localCheckpoint(eager=True)
     held = Held(through=previous.through)
     if whole:
-        ends = [end_of(row["offset"], row[END], reads)
+        ends = [end_of(row["offset"], row[END], rule.counted)
                 for row in marked.where(F.col(END).isNotNull()).select("offset", END).collect()]
         seen = [Seen(row[XID], row["topic"], row["partition"], row["count"], row["first"], row["last"]) for row in
                 marked.where(F.col(XID).isNotNull()).groupBy(XID, "topic", "partition")
                 .agg(F.count("*").alias("count"), F.min("offset").alias("first"), F.max("offset").alias("last"))
                 .collect()]
-        held = settle(previous, ends, seen)
+        held = settle(previous, ends, seen, rule)
     write_held(checkpoint, batch_id, held)
     applicable = ~F.col(XID).isin(sorted(held.xids)) if held.xids else F.lit(True)
     return marked.where(~boundary & (F.col(XID).isNull() | applicable)).drop(XID, END), held

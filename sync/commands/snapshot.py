@@ -1,9 +1,11 @@
-"""`lakesync snapshot`: the mirrors' latest consistent point, and DataFrames pinned to it.
+"""`lakesync snapshot`: the latest consistent point of the mirrors and the ledger, and
+DataFrames pinned to it.
 
 Every table of a point is read as of its Delta version (sync/delta/points.py), so the
-mirrors are seen together at one source transaction: an account never ahead of its
-customer, both sides of a transfer or neither. Any Delta reader can do the same with
-the versions `lakesync snapshot --json` prints; from Python:
+mirrors and the ledger are seen together at one source transaction: an account never
+ahead of its customer, both sides of a transfer or neither, an account's mirrored
+balance equal to its ledger balance. Any Delta reader can do the same with the versions
+`lakesync snapshot --json` prints; from Python:
 
     from sync.commands.snapshot import dataframes
     tables = dataframes(spark, config.load())     # {"mirror.accounts": DataFrame, ...}
@@ -16,6 +18,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 
 from projections import mirrors
+from projections.ledger import projection as ledger
 from sync.config import Settings
 from sync.delta import catalog, points
 from sync.delta.points import Point
@@ -26,13 +29,25 @@ class NoPoint(LakesyncError):
     exit_code = 1
 
 
+# The projections that apply whole source transactions and publish their points, in the
+# order a point lists their tables.
+PUBLISHERS = (mirrors.NAME, ledger.NAME)
+
+
+def published(settings: Settings) -> list[Point]:
+    """Every consistent point the kept points of the publishers give, oldest first."""
+    return points.consistent({name: points.published(catalog.root(settings, name), name) for name in PUBLISHERS})
+
+
 def latest(settings: Settings) -> Point:
     if not settings.whole_transactions:
-        raise NoPoint("no consistent point: the mirrors apply each change as read (LAKESYNC_WHOLE_TRANSACTIONS=off)")
-    found = points.latest(catalog.root(settings, mirrors.NAME), mirrors.NAME)
-    if found is None:
-        raise NoPoint("no consistent point yet: the mirrors have applied no batch (`lakesync run`)")
-    return found
+        raise NoPoint("no consistent point: the projections apply each change as read "
+                      "(LAKESYNC_WHOLE_TRANSACTIONS=off)")
+    found = published(settings)
+    if not found:
+        raise NoPoint("no consistent point yet: the mirrors have applied no batch since their source "
+                      "transactions began to arrive (`lakesync run`)")
+    return found[-1]
 
 
 def dataframes(spark: SparkSession, settings: Settings, point: Point | None = None) -> dict[str, DataFrame]:
@@ -43,9 +58,8 @@ def dataframes(spark: SparkSession, settings: Settings, point: Point | None = No
 
 
 def render(point: Point) -> str:
-    through = (f"source commit LSN {point.lsn}, committed {point.committed_at}" if point.lsn is not None
-               else "snapshot reads only")
-    lines = [f"consistent point of batch {point.batch}: {through}; published {point.published_at}",
+    lines = [f"consistent point at source commit LSN {point.lsn}, committed {point.committed_at} "
+             f"(mirrors' batch {point.batch}); published {point.published_at}",
              f"{'table':<36} {'version':>8}  path"]
     lines += [f"{name:<36} {table['version']:>8}  {table['path']}" for name, table in sorted(point.tables.items())]
     return "\n".join(lines)

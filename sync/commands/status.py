@@ -6,14 +6,13 @@ import datetime as dt
 from dataclasses import asdict
 from typing import Any
 
-from projections.mirrors import NAME as MIRRORS
 from sync import search
 from sync.cdc.transactions import Held, held_after
-from sync.commands import all_projections
+from sync.commands import all_projections, snapshot
 from sync.commands.capture import snapshots
 from sync.commands.freshness import lags
 from sync.config import Settings, safe_dsn
-from sync.delta import catalog, points
+from sync.delta import catalog
 from sync.errors import LakesyncError
 from sync.projection import Target
 from sync.stack import capture
@@ -95,14 +94,20 @@ def collect(settings: Settings) -> dict[str, Any]:
                 "watermarks": state.get("watermarks"),
                 "stopped": table_state.get("stopped"),
             })
-    # The source transactions the mirrors hold until all their changes are read (sync/cdc/transactions.py).
-    checkpoint = catalog.checkpoint(settings, MIRRORS)
-    last = last_batch(checkpoint)
-    held = held_after(checkpoint, last) if last is not None else Held()
-    point = points.latest(catalog.root(settings, MIRRORS), MIRRORS) if settings.whole_transactions else None
-    transactions = {"whole": settings.whole_transactions, "held": len(held.xids), "oldest_held": held.oldest(),
+    # The source transactions held until all their changes are read (sync/cdc/transactions.py).
+    held = {}
+    for name in snapshot.PUBLISHERS:
+        checkpoint = catalog.checkpoint(settings, name)
+        last = last_batch(checkpoint)
+        held[name] = held_after(checkpoint, last) if last is not None else Held()
+    found = snapshot.published(settings) if settings.whole_transactions else []
+    transactions = {"whole": settings.whole_transactions,
+                    "held": len(set().union(*(h.xids for h in held.values()))),
+                    "oldest_held": next((h.oldest() for h in held.values() if h.xids), None),
+                    "held_by": {name: len(h.xids) for name, h in held.items()},
                     # the consistent point `lakesync snapshot` prints, without its tables
-                    "point": {k: v for k, v in asdict(point).items() if k != "tables"} if point else None}
+                    "point": {k: v for k, v in asdict(found[-1]).items() if k not in ("tables", "first")}
+                    if found else None}
     return {"components": components, "slot_lag_bytes": slot_lag, "projections": projections,
             "transactions": transactions}
 
@@ -134,15 +139,16 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"replication slot lag: {lag if lag is not None else '?'} bytes")
     transactions = report["transactions"]
     if not transactions["whole"]:
-        lines.append("mirrors apply each change as read (LAKESYNC_WHOLE_TRANSACTIONS=off)")
+        lines.append("the mirrors and the ledger apply each change as read (LAKESYNC_WHOLE_TRANSACTIONS=off)")
     else:
         point = transactions["point"]
-        lines.append(f"consistent point (lakesync snapshot): batch {point['batch']}, source commit of "
+        lines.append(f"consistent point (lakesync snapshot): mirrors' batch {point['batch']}, source commit of "
                      f"{point['committed_at'] or '-'}, published {point['published_at']}" if point
                      else "consistent point: none yet")
         if transactions["held"]:
-            lines.append(f"source transactions the mirrors hold until whole: {transactions['held']} "
-                         f"(oldest: xid {transactions['oldest_held']})")
+            by = ", ".join(f"{name} {n}" for name, n in transactions["held_by"].items() if n)
+            lines.append(f"source transactions held until whole: {transactions['held']} ({by}; "
+                         f"oldest: xid {transactions['oldest_held']})")
     lines.append("")
     lines.append(f"{'projection':<28} {'kind':<9} {'lag':>6} {'rows applied':>13} {'dead letters':>12}  "
                  f"{'last batch (UTC)':<26} table")

@@ -1,16 +1,22 @@
 """Consistent points: a source position and, per table, the Delta version that holds
 exactly the source transactions up to it.
 
-The mirrors publish one after every batch (projections/mirrors.py): the batch has
-applied whole source transactions only, up to the last one whose END it applied
-(sync/cdc/transactions.py), and a mirror the batch did not touch is at that same point.
-A reader that opens each table at its version (`versionAsOf`, DuckDB's
-`delta_scan(..., version => v)`, delta-rs' `load_as_version`) sees the mirrors as they
-were together, never one ahead of another. `lakesync snapshot` prints the latest.
+Each projection that applies whole source transactions (the mirrors, the ledger:
+sync/cdc/transactions.py) publishes its point after every batch: the batch applied
+whole transactions only, up to the last one whose END it applied (`offset`, its place in
+commit order), and a table the batch did not touch is at that same place. Its tables
+then hold the transactions up to any place from `offset` until the first transaction the
+next batch applied that concerns them (that batch's `first`).
 
-Each point is one small JSON file, <root>/_points/<projection>/<batch>.json, written
-atomically after the batch's commits; the last POINTS_KEPT stay. A batch replayed after a
-crash writes its point again, with the same versions.
+The consistent point across projections (`consistent`) is the latest place where every
+projection's tables are known to stand: a reader that opens each table at its version
+(`versionAsOf`, DuckDB's `delta_scan(..., version => v)`, delta-rs' `load_as_version`)
+sees the mirrors and the ledger as they were together, never one ahead of another.
+`lakesync snapshot` prints it.
+
+Each projection's point is one small JSON file, <root>/_points/<projection>/<batch>.json,
+written atomically after the batch's commits; the last POINTS_KEPT stay. A batch
+replayed after a crash writes its point again, with the same versions.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sync.cdc.transactions import End
+from sync.cdc.transactions import Held
 from sync.files import write_json_atomically
 
 POINTS_KEPT = 100
@@ -34,6 +40,8 @@ class Point:
     committed_at: str | None    # its commit time in Postgres (UTC, ISO 8601)
     published_at: str           # when the point was written (UTC, ISO 8601)
     tables: dict[str, dict]     # target name -> {"path": ..., "version": ...}
+    offset: int | None = None   # that transaction's place in commit order (its END's offset)
+    first: int | None = None    # the place of the first transaction concerning the tables this batch applied
 
 
 def folder(root: Path, projection: str) -> Path:
@@ -49,11 +57,13 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, timezone.utc).isoformat()
 
 
-def publish(root: Path, projection: str, batch: int, through: End | None, tables: dict[str, dict]) -> Point:
-    """Write batch `batch`'s point: `tables` as they stand, applied `through` a source transaction."""
+def publish(root: Path, projection: str, batch: int, held: Held, tables: dict[str, dict]) -> Point:
+    """Write batch `batch`'s point: `tables` as they stand, applied through `held.through`."""
+    through = held.through
     point = Point(batch=batch, lsn=through.lsn if through else None,
                   committed_at=_iso(through.ts_ms / 1000) if through else None,
-                  published_at=_iso(time.time()), tables=tables)
+                  published_at=_iso(time.time()), tables=tables,
+                  offset=through.offset if through else None, first=held.first)
     kept = folder(root, projection)
     write_json_atomically(kept / f"{batch}.json", asdict(point))
     for old in _batches(kept)[:-POINTS_KEPT]:
@@ -75,3 +85,36 @@ def latest(root: Path, projection: str) -> Point | None:
     kept = folder(root, projection)
     batches = _batches(kept)
     return _read(kept, batches[-1]) if batches else None
+
+
+def _standing_at(kept: list[Point], offset: int) -> Point | None:
+    """The point of one projection (`kept`, oldest first) whose tables hold exactly the
+    source transactions up to place `offset`; None if no point kept says so."""
+    placed = [p for p in kept if p.offset is not None]
+    for point, after in zip(placed, placed[1:] + [None]):
+        if point.offset <= offset and (after is None and offset == point.offset
+                                       or after is not None and offset < after.offset
+                                       and (after.first is None or offset < after.first)):
+            return point
+    return None
+
+
+def consistent(kept: dict[str, list[Point]]) -> list[Point]:
+    """Every place, oldest first, where each projection's tables are known to stand (see
+    the module docstring), as one point each: its tables are every projection's, each at
+    its version there, and its batch the first projection's. `kept`: per projection, its
+    points oldest first (a projection that has published none is left out)."""
+    kept = {name: points for name, points in kept.items() if any(p.offset is not None for p in points)}
+    if not kept:
+        return []
+    reached = min(max(p.offset for p in points if p.offset is not None) for points in kept.values())
+    found = []
+    for place in sorted({p.offset for points in kept.values() for p in points
+                         if p.offset is not None and p.offset <= reached}):
+        standing = [_standing_at(points, place) for points in kept.values()]
+        if all(standing):
+            at = next(p for points in kept.values() for p in points if p.offset == place)
+            found.append(Point(batch=standing[0].batch, lsn=at.lsn, committed_at=at.committed_at,
+                               published_at=max(p.published_at for p in standing),
+                               tables={t: v for p in standing for t, v in p.tables.items()}, offset=place))
+    return found

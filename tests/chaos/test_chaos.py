@@ -6,8 +6,10 @@ through the outbox, the runner is killed with SIGKILL five times at random momen
 restarted once. At the end the barrier and verify must show every mirror equal to
 Postgres, no key held twice, the changelog holding every record once, and the ledger
 holding every posting once with intact chains and balances equal to Postgres: nothing
-lost, nothing doubled. A runner that exits on its own is started again, as its
-supervisor would, and its reason is reported. The figures go to <home>/chaos.json.
+lost, nothing doubled. The consistent point (sync/delta/points.py) has moved past where
+it stood at every fault, and there the mirrored balances equal the ledger's. A runner
+that exits on its own is started again, as its supervisor would, and its reason is
+reported. The figures go to <home>/chaos.json.
 """
 
 import json
@@ -21,9 +23,12 @@ from decimal import Decimal
 import psycopg
 import pytest
 from sqlalchemy import exc, text
+from pyspark.sql import functions as F
 from sqlalchemy.orm import Session
 
+from projections.ledger import audit
 from sync import config
+from sync.commands import snapshot
 from sync.demo import bank
 from sync.stack import Connect, Kafka, Postgres
 from sync.stack.background import start_background
@@ -151,7 +156,13 @@ def restart(settings, service) -> None:
     lakesync("up", check=True, timeout=300)
 
 
-def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
+def consistent_place(settings) -> int | None:
+    """Where the consistent point stands now (its place in commit order), if anywhere."""
+    found = snapshot.published(settings)
+    return found[-1].offset if found else None
+
+
+def test_chaos_loses_and_doubles_nothing(stack, app_db, synced, spark):
     app_db.execute("INSERT INTO products (id, sku, name, price) VALUES (990001, 'CHAOS', 'chaos', 9.99) "
                    "ON CONFLICT DO NOTHING")
     rng = random.Random(SEED)
@@ -164,8 +175,10 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
     faults = ["kill"] * KILLS + ["connect", "kafka", "postgres"]
     rng.shuffle(faults)
     done, exits = [], []  # the faults done; why the runner exited when nobody killed it
+    points_at_faults = []  # where the consistent point stood when each fault struck
     for fault in faults:
         time.sleep(rng.uniform(3, 12))  # a random moment under load: that is the point
+        points_at_faults.append(consistent_place(stack))
         if fault == "kill":
             restart_if_exited(stack, exits)
             kill_runner(stack)
@@ -182,6 +195,11 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
         client.join(timeout=30)
     restart_if_exited(stack, exits)
     reports = synced(timeout=600)  # the backlog after the last fault: minutes on 2 cores
+    point = snapshot.latest(stack)
+    tables = snapshot.dataframes(spark, stack, point)
+    mirrored = tables["mirror.accounts"].select(F.col("id").alias("account"), F.col("balance").alias("mirrored"))
+    unequal = tables["ledger.balances"].join(mirrored, "account").where("balance <> mirrored").count()
+    unbalanced = audit.unbalanced_operations([r.asDict() for r in tables["ledger"].collect()])
     figures = {
         "transactions_committed": sum(c.committed for c in clients),
         "bank_operations_committed": clients[-1].committed,
@@ -193,9 +211,13 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced):
         "seconds": round(time.monotonic() - started, 1),
         "differences": sum(r.differences for r in reports.values()),
         "tables_compared": len(reports),
+        "consistent_point_at_faults": points_at_faults,
+        "consistent_point_at_end": point.offset,
     }
     (stack.home / "chaos.json").write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures, indent=2))
     assert figures["runner_kills"] == KILLS and {"connect", "kafka", "postgres"} <= set(figures["restarts"])
     assert figures["transactions_committed"] > 0 and figures["bank_operations_committed"] > 0
     assert figures["differences"] == 0 and {"ledger", "ledger.balances"} <= set(reports)
+    assert all(at is None or point.offset > at for at in points_at_faults), "the consistent point did not move on"
+    assert unequal == 0 and unbalanced == [], f"at the consistent point: {unequal} balances differ, {unbalanced[:3]}"

@@ -31,7 +31,8 @@ def test_status_json_has_the_contract_keys(stack, app_db, synced):
     assert isinstance(report["slot_lag_bytes"], int)
     transactions = report["transactions"]  # all applied: none held, and a consistent point
     assert (transactions["whole"], transactions["held"], transactions["oldest_held"]) == (True, 0, None)
-    assert set(transactions["point"]) == {"batch", "lsn", "committed_at", "published_at"}
+    assert transactions["held_by"] == {"mirrors": 0, "ledger": 0}
+    assert set(transactions["point"]) == {"batch", "lsn", "committed_at", "published_at", "offset"}
     customers = next(p for p in report["projections"] if p["name"] == "mirror.customers")
     assert set(customers) >= {"name", "kind", "table", "lag", "last_batch_at", "rows_applied", "dead_letters"}
     assert customers["kind"] == "mirror" and customers["lag"] == 0 and customers["rows_applied"] > 0

@@ -3,8 +3,9 @@
 Runs after the other end-to-end files: it stops the session's runner and starts it
 again at the end, so the checkpoint is also shown to resume where it stopped. Its catch-up
 runs in small batches, so Kafka batches end inside source transactions: no version of
-the accounts' mirror may hold part of one (sync/cdc/transactions.py), and at every
-consistent point the mirrors agree with each other (sync/delta/points.py).
+the accounts' mirror nor of the ledger may hold part of one (sync/cdc/transactions.py),
+and at every consistent point the mirrors agree with each other and with the ledger
+(sync/delta/points.py).
 """
 
 import json
@@ -16,12 +17,15 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from projections import mirrors
+from projections.ledger import audit
+from projections.ledger import projection as ledger
 from sync import config
 from sync.cdc.transactions import held_after
 from sync.commands import snapshot
 from sync.delta import catalog, points
 from sync.delta.merge import latest_version
 from sync.demo import bank, bank_clients
+from sync.outbox import topic
 from sync.stack.background import start_background, stop_background
 from tests.e2e.conftest import lakesync
 
@@ -45,6 +49,9 @@ def test_run_once_processes_what_is_there_and_exits(stack, app_db, db, synced, s
     first = latest_version(accounts) + 1
     root = catalog.root(stack, mirrors.NAME)
     last_point = points.latest(root, mirrors.NAME)
+    entries = ledger.ledger_path(stack)
+    first_entries = latest_version(entries) + 1
+    before = snapshot.published(stack)
 
     engine = bank.engine(config.role_dsn(stack, config.ROLES["app"]))
     with Session(engine) as session, session.begin():  # every operation double-entry, one transaction each
@@ -97,8 +104,28 @@ def test_run_once_processes_what_is_there_and_exits(stack, app_db, db, synced, s
         customers = tables["mirror.customers"].select(F.col("id").alias("customer_id"))
         orphans = tables["mirror.accounts"].where("customer_id IS NOT NULL").join(customers, "customer_id", "left_anti")
         assert orphans.count() == 0, f"point of batch {point.batch}: an account ahead of its customer"
+
+    # The ledger too: every version it made holds whole operations (some batch cut one), and
+    # at every consistent point across the mirrors and the ledger each account's mirrored
+    # balance is its ledger balance.
+    for version in range(first_entries, latest_version(entries) + 1):
+        assert audit.unbalanced_operations(audit.load(entries, version)) == [], f"ledger version {version}"
+    checkpoint = catalog.checkpoint(stack, ledger.NAME)
+    held = [held_after(checkpoint, int(p.stem)) for p in (checkpoint / "transactions").glob("*.json")]
+    assert any(part[0] == topic(ledger.AGGREGATE) for h in held for part in h.ranges), \
+        "no ledger batch ended inside an operation: the test did not cut one"
+    consistent = [p for p in snapshot.published(stack) if not before or p.offset > before[-1].offset]
+    assert consistent
+    for point in consistent:
+        tables = snapshot.dataframes(spark, stack, point)
+        postings = [r.asDict() for r in tables["ledger"].collect()]
+        assert audit.unbalanced_operations(postings) == [], f"point at {point.offset}: an operation half-recorded"
+        mirrored = tables["mirror.accounts"].select(F.col("id").alias("account"), F.col("balance").alias("mirrored"))
+        differ = tables["ledger.balances"].join(mirrored, "account").where("balance <> mirrored")
+        assert differ.count() == 0, f"point at {point.offset}: {differ.limit(3).collect()}"
     shown = json.loads(lakesync("snapshot", "--json", check=True).stdout)
-    assert shown["batch"] == published[-1].batch and shown["tables"]["mirror.accounts"]["version"] == versions[-1]
+    assert shown["offset"] == consistent[-1].offset and shown["tables"]["mirror.accounts"]["version"] == versions[-1]
+    assert shown["tables"]["ledger"]["version"] == latest_version(entries)
 
     start_background(stack)
     app_db.execute("UPDATE products SET name = 'resumed' WHERE id = 7050")

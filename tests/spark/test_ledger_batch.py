@@ -8,6 +8,7 @@ tampering are tested on exact inputs. The whole path from Postgres is in tests/e
 import dataclasses
 import json
 import uuid
+from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
@@ -17,7 +18,9 @@ import pytest
 from projections.ledger import audit, chain
 from projections.ledger import projection as ledger
 from sync import config
-from sync.delta import deadletters, fencing
+from sync.cdc import transactions
+from sync.delta import catalog, deadletters, fencing, points
+from sync.streaming.offsets import latest_version
 
 pytestmark = pytest.mark.spark
 
@@ -39,9 +42,31 @@ def posting(account, seq, amount, operation_id="op", event_id=None, txid=None):
     return str(account).encode(), json.dumps(value).encode(), json.dumps(source).encode()
 
 
-def batch(spark, postings, first_offset=0):
-    rows = [(k, v, TOPIC, 0, first_offset + i, [("id", b"x"), ("source", s)])
-            for i, (k, v, s) in enumerate(postings)]
+def end(txid, events, offset):
+    """The END record of source transaction `txid`, which emitted `events` events: END counts
+    each event's outbox insert and delete, and its sequence table change (sync/outbox.py)."""
+    payload = {"status": "END", "id": f"{txid}:{txid * 10 + 5}", "event_count": 3 * events, "ts_ms": 1795341600000,
+               "data_collections": [{"data_collection": "public.outbox", "event_count": 2 * events},
+                                    {"data_collection": "public.outbox_sequence", "event_count": events}]}
+    return (json.dumps({"payload": {"id": payload["id"]}}).encode(), json.dumps({"schema": {}, "payload": payload}).encode(),
+            transactions.TRANSACTIONS_TOPIC, 0, offset, None)
+
+
+def headers(source, transaction=True):
+    """A routed event's headers (jvm/smt SourceToHeader): its change's source and transaction blocks."""
+    block = json.loads(source)
+    return [("id", b"x"), ("source", source)] + ([("transaction", json.dumps(
+        {"id": f"{block['txId']}:{block['lsn']}", "total_order": 1, "data_collection_order": 1}).encode())]
+        if transaction else [])
+
+
+def batch(spark, postings, first_offset=0, ends=None, topic=TOPIC, transaction=True):
+    """The records of `postings` from `first_offset`, and at the same offsets of the
+    transaction topic an END for each of their transactions (or for those in `ends`)."""
+    rows = [(k, v, topic, 0, first_offset + i, headers(s, transaction)) for i, (k, v, s) in enumerate(postings)]
+    counts = Counter(json.loads(s)["txId"] for _, _, s in postings)
+    rows += [end(txid, n, first_offset + i)
+             for i, (txid, n) in enumerate(sorted((counts if ends is None else ends).items()))]
     return spark.createDataFrame(rows, RECORDS)
 
 
@@ -129,6 +154,50 @@ def test_a_rebuild_gives_identical_chain_heads(spark, settings, tmp_path):
     rebuilt = dataclasses.replace(settings, lake=tmp_path / "rebuilt")
     new_run(spark, rebuilt)(batch(spark, [p for postings in feed for p in postings]), 0)  # one big batch
     assert audit.heads(entries(settings)) == audit.heads(entries(rebuilt))
+
+
+def test_a_batch_appends_whole_source_transactions_only(spark, settings):
+    """Operation 50 emits two postings and an order event (another aggregate type, another
+    topic); 60's END comes before its second posting. No version of the ledger or of its
+    balances holds part of an operation (sync/cdc/transactions.py)."""
+    kafka = {}  # (topic, offset) -> record: what Kafka keeps, read again for the held ranges
+
+    def kept(frame):
+        for row in frame.collect():
+            kafka[(row["topic"], row["offset"])] = tuple(row)
+        return frame
+
+    def read_again(session, ranges):
+        return session.createDataFrame(
+            [r for (topic, offset), r in sorted(kafka.items())
+             if (topic, 0) in ranges and ranges[(topic, 0)][0] <= offset < ranges[(topic, 0)][1]], RECORDS)
+
+    run = ledger.LedgerBatch(settings, fencing.take(spark, settings, ledger.NAME, []), read_again)
+    order_event = posting(99, 1, "0", "50", txid=50)
+    run(kept(batch(spark, [posting(7, 1, "10", "50", txid=50)], ends={50: 3})), 0)
+    assert entries(settings) == []
+    run(kept(batch(spark, [posting(8, 1, "-10", "50", txid=50), posting(7, 2, "1", "60", txid=60)], 1,
+                   ends={60: 2}).union(batch(spark, [order_event], 0, ends={}, topic="lakesync.events.order"))), 1)
+    assert [(e["account"], e["seq"]) for e in entries(settings)] == [(7, 1), (8, 1)]
+    # 60's last posting, and 50's first again (Kafka holding it twice): it is known applied.
+    run(kept(batch(spark, [posting(8, 2, "-1", "60", txid=60), posting(7, 1, "10", "50", txid=50)], 3, ends={})), 2)
+    assert [(e["account"], e["seq"]) for e in entries(settings)] == [(7, 1), (7, 2), (8, 1), (8, 2)]
+    assert transactions.held_after(catalog.checkpoint(settings, ledger.NAME), 2).xids == set()
+    for path in (ledger.ledger_path(settings), ledger.balances_path(settings)):
+        for version in range(latest_version(path) + 1):
+            rows = spark.read.format("delta").option("versionAsOf", version).load(path).collect()
+            if path == ledger.ledger_path(settings):
+                assert audit.unbalanced_operations([r.asDict() for r in rows]) == []
+            else:
+                assert sum(r["balance"] for r in rows) == 0
+    point = points.latest(catalog.root(settings, ledger.NAME), ledger.NAME)  # sync/delta/points.py
+    assert (point.batch, point.offset, point.lsn, point.first) == (2, 1, 605, 1)
+    assert {name: t["version"] for name, t in point.tables.items()} == {
+        "ledger": latest_version(ledger.ledger_path(settings)),
+        "ledger.balances": latest_version(ledger.balances_path(settings))}
+    # An event written before the connector gave transaction metadata has no END to wait for.
+    run(kept(batch(spark, [posting(9, 1, "3", "70", txid=70)], 4, ends={}, transaction=False)), 3)
+    assert (9, 1) in [(e["account"], e["seq"]) for e in entries(settings)]
 
 
 # -- tampering: what `lakesync ledger verify` must catch --

@@ -778,9 +778,11 @@ def _in_transaction(change, xid, lsn):
 
 
 def _end(xid, widgets):
-    return (json.dumps({"schema": {}, "payload": {"id": f"{xid}:999"}}).encode(),
+    """Transaction `xid`'s END: its commit LSN is below the next one's changes' previous commit
+    (`event`'s `commit`, the xid here)."""
+    return (json.dumps({"schema": {}, "payload": {"id": f"{xid}:{xid + 5}"}}).encode(),
             json.dumps({"schema": {}, "payload": {
-                "status": "END", "id": f"{xid}:999", "event_count": widgets + 1, "ts_ms": 0,
+                "status": "END", "id": f"{xid}:{xid + 5}", "event_count": widgets + 1, "ts_ms": 0,
                 "data_collections": [{"data_collection": "public.widgets", "event_count": widgets},
                                      {"data_collection": "public.outbox", "event_count": 1}]}}).encode())
 
@@ -811,7 +813,7 @@ def test_a_batch_applies_whole_source_transactions_in_commit_order_and_holds_the
                    (TOPIC, 2, _in_transaction(event("c", 3, 50, 52, "c", "3.00"), 50, 52))]), 0)
     assert {k: r["name"] for k, r in mirror(spark, settings).items()} == {1: "a"}
     point = points.latest(catalog.root(settings, mirrors.NAME), mirrors.NAME)  # sync/delta/points.py
-    assert (point.batch, point.lsn, point.tables["mirror.widgets"]["version"]) == (0, 999, latest_version(path))
+    assert (point.batch, point.lsn, point.tables["mirror.widgets"]["version"]) == (0, 45, latest_version(path))
     # 50's END says three widgets: one is still to come; 60's END before its change.
     apply(records([(txn, 1, _end(50, 3)), (txn, 2, _end(60, 1))]), 1)
     assert {k: r["name"] for k, r in mirror(spark, settings).items()} == {1: "a"}

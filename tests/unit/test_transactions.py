@@ -3,7 +3,7 @@ from END records as Debezium 3.5 writes them (checked against a live connector).
 
 import json
 
-from sync.cdc.transactions import End, Held, Seen, end_of, held_after, held_before, settle, write_held
+from sync.cdc.transactions import End, Held, Rule, Seen, end_of, held_after, held_before, settle, write_held
 
 ACCOUNTS, POSTINGS = "lakesync.public.accounts", "lakesync.public.postings"
 
@@ -96,3 +96,47 @@ def test_changes_compacted_away_do_not_hold_a_transaction_when_a_later_one_came_
     assert nothing_held(settle(Held(), ends, [seen("1", ACCOUNTS, 1, 10), seen("2", ACCOUNTS, 1, 12)]))
     # Without a later change in the topic, the missing one may still come: held.
     assert settle(Held(), ends[:1], [seen("1", ACCOUNTS, 1, 10)]).xids == {"1"}
+
+
+# -- the ledger's rule: events of any aggregate type, counted against the sequence table --
+
+SEQUENCE = "lakesync.public.outbox_sequence"
+ACCOUNT_EVENTS, ORDER_EVENTS = "lakesync.events.account", "lakesync.events.order"
+LEDGER_RULE = Rule(counted=lambda topic: topic == SEQUENCE, xid=lambda: None, sequence=lambda: None,
+                   count_as=lambda topic: SEQUENCE, compacted=False)
+
+
+def test_the_ledger_counts_a_transactions_events_of_every_type_against_its_sequence_changes():
+    xid, end = end_of(3, end_value("7", {"public.outbox": 6, "public.outbox_sequence": 3, "public.accounts": 2}),
+                      LEDGER_RULE.counted)
+    assert end.counts == {SEQUENCE: 3}
+    two_of_three = [seen("7", ACCOUNT_EVENTS, 2, 40)]
+    held = settle(Held(), [(xid, end)], two_of_three, LEDGER_RULE)
+    assert held.xids == {"7"} and held.ranges == {(ACCOUNT_EVENTS, 0): (40, 42)} and held.first is None
+    # The third event is of another aggregate type, in its own topic.
+    held = settle(held, [], two_of_three + [seen("7", ORDER_EVENTS, 1, 5)], LEDGER_RULE)
+    assert nothing_held(held) and held.through.offset == 3 and held.first == 3
+
+
+def test_a_later_transactions_event_does_not_complete_the_ledgers_earlier_one():
+    """Event topics are never compacted: fewer events than END counts are never all."""
+    ends = [("1", End(0, {SEQUENCE: 2})), ("2", End(1, {SEQUENCE: 1}))]
+    held = settle(Held(), ends, [seen("1", ACCOUNT_EVENTS, 1, 10), seen("2", ACCOUNT_EVENTS, 1, 12)], LEDGER_RULE)
+    assert held.xids == {"1", "2"} and held.through is None
+
+
+def test_first_is_the_earliest_transaction_applied_that_concerns_the_projection():
+    ends = [("1", End(4, {})), ("2", End(5, {ACCOUNTS: 1})), ("3", End(6, {ACCOUNTS: 1}))]
+    held = settle(Held(), ends, [seen("2", ACCOUNTS, 1, 10), seen("3", ACCOUNTS, 1, 11)])
+    assert (held.first, held.through.offset) == (5, 6)
+    assert settle(held, [("4", End(7, {}))], []).first is None
+
+
+def test_an_end_read_again_of_a_transaction_applied_before_is_ignored():
+    """Kafka holding a transaction twice: its END is known by its commit LSN (its changes,
+    by their previous commit, are let through by the gate: tests/spark/test_ledger_batch.py)."""
+    held = settle(Held(), [("1", End(0, {ACCOUNTS: 1}, lsn=105))], [seen("1", ACCOUNTS, 1, 10)])
+    assert nothing_held(held) and held.through.lsn == 105
+    again = settle(held, [("1", End(9, {ACCOUNTS: 1}, lsn=105)), ("2", End(10, {ACCOUNTS: 1}, lsn=115))],
+                   [seen("2", ACCOUNTS, 1, 12)])
+    assert nothing_held(again) and again.through.offset == 10

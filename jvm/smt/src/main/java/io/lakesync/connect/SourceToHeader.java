@@ -8,17 +8,20 @@ import org.apache.kafka.connect.data.Struct;
 import org.apache.kafka.connect.transforms.Transformation;
 
 /**
- * Copies a Debezium change event's {@code source} block into a header named "source".
+ * Copies a Debezium change event's {@code source} block into a header named "source", and
+ * its {@code transaction} block (with {@code provide.transaction.metadata}) into a header
+ * named "transaction".
  *
  * <p>Debezium's Outbox Event Router keeps only the outbox row and the record's headers,
  * so the event's provenance (commit LSN, LSN, transaction id, commit time) would be
- * lost; the ledger needs it to trace every entry to its Postgres transaction. Kafka's
- * own HeaderFrom cannot be used: it fails on the tombstone that follows each outbox
- * delete. Records without a value, or without a source block, pass through unchanged.
+ * lost; the ledger needs it to trace every entry to its Postgres transaction, and the
+ * transaction block to apply whole source transactions only. Kafka's own HeaderFrom
+ * cannot be used: it fails on the tombstone that follows each outbox delete. Records
+ * without a value pass through unchanged, and a block a record lacks is not copied.
  */
 public class SourceToHeader<R extends ConnectRecord<R>> implements Transformation<R> {
 
-    static final String HEADER = "source";
+    static final String[] BLOCKS = {"source", "transaction"};
 
     @Override
     public R apply(R record) {
@@ -26,13 +29,18 @@ public class SourceToHeader<R extends ConnectRecord<R>> implements Transformatio
             return record;
         }
         Struct value = (Struct) record.value();
-        if (value.schema().field(HEADER) == null || value.get(HEADER) == null) {
-            return record;
+        R copy = null;
+        for (String block : BLOCKS) {
+            if (value.schema().field(block) == null || value.get(block) == null) {
+                continue;
+            }
+            if (copy == null) {
+                copy = record.newRecord(record.topic(), record.kafkaPartition(), record.keySchema(), record.key(),
+                        record.valueSchema(), record.value(), record.timestamp(), record.headers().duplicate());
+            }
+            copy.headers().add(block, value.get(block), value.schema().field(block).schema());
         }
-        R copy = record.newRecord(record.topic(), record.kafkaPartition(), record.keySchema(), record.key(),
-                record.valueSchema(), record.value(), record.timestamp(), record.headers().duplicate());
-        copy.headers().add(HEADER, value.get(HEADER), value.schema().field(HEADER).schema());
-        return copy;
+        return copy == null ? record : copy;
     }
 
     @Override
