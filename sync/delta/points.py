@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from bisect import bisect_right
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,7 +31,9 @@ from pathlib import Path
 from sync.cdc.transactions import Held
 from sync.files import write_json_atomically
 
-POINTS_KEPT = 100
+# Per projection: one projection can run this many batches ahead of another (the ledger,
+# light, takes a batch a second under load) before their consistent point is lost.
+POINTS_KEPT = 1000
 
 
 @dataclass(frozen=True)
@@ -87,16 +90,18 @@ def latest(root: Path, projection: str) -> Point | None:
     return _read(kept, batches[-1]) if batches else None
 
 
-def _standing_at(kept: list[Point], offset: int) -> Point | None:
-    """The point of one projection (`kept`, oldest first) whose tables hold exactly the
-    source transactions up to place `offset`; None if no point kept says so."""
-    placed = [p for p in kept if p.offset is not None]
-    for point, after in zip(placed, placed[1:] + [None]):
-        if point.offset <= offset and (after is None and offset == point.offset
-                                       or after is not None and offset < after.offset
-                                       and (after.first is None or offset < after.first)):
-            return point
-    return None
+def _standing_at(placed: list[Point], places: list[int], offset: int) -> Point | None:
+    """The point of one projection (`placed`: its points that have a place, oldest first;
+    `places`: theirs) whose tables hold exactly the source transactions up to place
+    `offset`: the last one at or before it, if the next one applied nothing before it;
+    None if no point kept says so."""
+    at = bisect_right(places, offset) - 1
+    if at < 0:
+        return None
+    point, after = placed[at], placed[at + 1] if at + 1 < len(placed) else None
+    if after is None:
+        return point if offset == point.offset else None
+    return point if after.first is None or offset < after.first else None
 
 
 def consistent(kept: dict[str, list[Point]]) -> list[Point]:
@@ -104,16 +109,18 @@ def consistent(kept: dict[str, list[Point]]) -> list[Point]:
     the module docstring), as one point each: its tables are every projection's, each at
     its version there, and its batch the first projection's. `kept`: per projection, its
     points oldest first (a projection that has published none is left out)."""
-    kept = {name: points for name, points in kept.items() if any(p.offset is not None for p in points)}
-    if not kept:
+    placed = {name: [p for p in points if p.offset is not None] for name, points in kept.items()}
+    placed = {name: points for name, points in placed.items() if points}
+    if not placed:
         return []
-    reached = min(max(p.offset for p in points if p.offset is not None) for points in kept.values())
+    places = {name: [p.offset for p in points] for name, points in placed.items()}
+    reached = min(offsets[-1] for offsets in places.values())
+    by_place = {p.offset: p for points in placed.values() for p in points}
     found = []
-    for place in sorted({p.offset for points in kept.values() for p in points
-                         if p.offset is not None and p.offset <= reached}):
-        standing = [_standing_at(points, place) for points in kept.values()]
+    for place in sorted(offset for offset in by_place if offset <= reached):
+        standing = [_standing_at(placed[name], places[name], place) for name in placed]
         if all(standing):
-            at = next(p for points in kept.values() for p in points if p.offset == place)
+            at = by_place[place]
             found.append(Point(batch=standing[0].batch, lsn=at.lsn, committed_at=at.committed_at,
                                published_at=max(p.published_at for p in standing),
                                tables={t: v for p in standing for t, v in p.tables.items()}, offset=place))
