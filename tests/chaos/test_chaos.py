@@ -22,8 +22,8 @@ from decimal import Decimal
 
 import psycopg
 import pytest
-from sqlalchemy import exc, text
 from pyspark.sql import functions as F
+from sqlalchemy import exc, text
 from sqlalchemy.orm import Session
 
 from projections.ledger import audit
