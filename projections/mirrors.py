@@ -56,7 +56,7 @@ from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
 from sync.delta.keychanges import SAVED_DDL, fill_moved_values, is_key_change, rows_moved_away
 from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, extent, inserts, last_commit_info,
-                              latest_per_key, latest_version, merge_changes, never_written, rows_added, still_applicable,
+                              latest_per_key, merge_changes, never_written, rows_added, still_applicable,
                               table_properties, tombstones_of)
 from sync.delta.multiset import additions, copies_removed, merge_multiset, signed_rows
 from sync.delta.schema import (COLUMN_MAPPING, IncompatibleChange, column_changes_followed, column_changes_property,
@@ -80,7 +80,7 @@ TOPIC_PATTERN = ("(?:" + re.escape(f"{TOPIC_PREFIX}.")
 TOPICS = KafkaTopics(TOPIC_PATTERN, headers=True)  # a key change's delete is marked by a header
 # What the mirrors read: the table topics and the source's transaction boundaries, so
 # that no mirror's version holds part of a source transaction (sync/cdc/transactions.py).
-WHOLE_TRANSACTIONS = KafkaTopics(f"(?:{TOPIC_PATTERN}|{re.escape(transactions.TRANSACTIONS_TOPIC)})", headers=True)
+WHOLE_TRANSACTIONS = KafkaTopics(transactions.with_boundaries(TOPIC_PATTERN), headers=True)
 RECORDS_DDL = ("key binary, value binary, topic string, partition int, offset bigint, "
                "headers array<struct<key: string, value: binary>>")  # what the Kafka source hands a batch
 KEYS_PROPERTY = "lakesync.keys"
@@ -301,9 +301,8 @@ class MirrorBatch(Batch):
         applied through (sync/delta/points.py). A stopped mirror is behind it: left out."""
         stopped = set(outcome.stopped) | {name for name, state in self.progress.state.get("tables", {}).items()
                                           if state.get("stopped") and name not in outcome.applied}
-        tables = {t.name: {"path": t.table, "version": latest_version(t.table)}
-                  for t in PROJECTION.targets(self.settings) if t.state_key not in stopped}
-        points.publish(catalog.root(self.settings, NAME), NAME, batch_id, held, tables)
+        points.publish(catalog.root(self.settings, NAME), NAME, batch_id, held,
+                       points.tables_now([t for t in PROJECTION.targets(self.settings) if t.state_key not in stopped]))
 
     def _table(self, commit: BatchCommit, records: DataFrame, row) -> "TableResult":
         """Step 2 for one table, on `commit`'s session. A table Spark or Delta refuses (an

@@ -70,7 +70,6 @@ from sync.delta.merge import ensure_table
 from sync.outbox import sequence_table, topic
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
-from sync.streaming.offsets import latest_version
 from sync.streaming.progress import Outcome, Steps
 from sync.streaming.stream import Ranges, read_ranges, read_topics, run_batches
 
@@ -79,8 +78,7 @@ KIND = "ledger"
 TOPICS = KafkaTopics(topic(AGGREGATE).replace(".", r"\."), headers=True)
 # What the ledger reads: every aggregate type's events (a source transaction's events are
 # counted whole, whatever their type: step 0) and the source's transaction boundaries.
-WHOLE_TRANSACTIONS = KafkaTopics(f"(?:{re.escape(EVENTS_TOPIC_PREFIX)}.*|{re.escape(transactions.TRANSACTIONS_TOPIC)})",
-                                 headers=True)
+WHOLE_TRANSACTIONS = KafkaTopics(transactions.with_boundaries(f"{re.escape(EVENTS_TOPIC_PREFIX)}.*"), headers=True)
 SCHEMA = ("event_id string, account bigint, seq bigint, amount decimal(20,4), currency string, "
           "event_type string, operation string, operation_id string, counterparty bigint, corrects string, "
           "event_time timestamp, recorded_at timestamp, `_topic` string, `_partition` int, `_offset` bigint, "
@@ -160,7 +158,7 @@ def _bigint(value) -> int:
     return number
 
 
-# -- steps 2-4 --
+# -- step 0 --
 
 def transaction_rule(settings: Settings) -> transactions.Rule:
     """Step 0's rule: END's count of the sequence table's changes is the number of events
@@ -177,6 +175,8 @@ def _header(key: str):
     """A record's header `key` (null where it has none: a transaction boundary's record)."""
     return F.get(F.filter("headers", lambda h: h["key"] == key), 0)["value"]
 
+
+# -- steps 0-5 --
 
 class LedgerBatch(Batch):
     def __init__(self, settings: Settings, fence: Fence,
@@ -260,8 +260,7 @@ class LedgerBatch(Batch):
         dead = deadletters.write(commit, self.settings, gated, errors)
         if self.settings.whole_transactions:  # 5.
             points.publish(catalog.root(self.settings, NAME), NAME, commit.batch_id, held,
-                           {t.name: {"path": t.table, "version": latest_version(t.table)}
-                            for t in PROJECTION.targets(self.settings)})
+                           points.tables_now(PROJECTION.targets(self.settings)))
         return Outcome(applied={NAME: len(new), "balances": len({e["account"] for e in touched})},
                        dead_letters={NAME: dead} if dead else {}, held_transactions=len(held.xids))
 

@@ -36,6 +36,7 @@ sequence table (sync/outbox.py: one sequence change per event emitted).
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,6 +54,12 @@ TRANSACTIONS_TOPIC = f"{TOPIC_PREFIX}.transaction"
 XID = "_lakesync_xid"  # a record's source transaction (null: a snapshot read, or no metadata)
 END = "_lakesync_end"  # an END record's value (null for every other record)
 KEPT_FILES = 20  # per-batch files kept (status and `wait` read the last committed batch's)
+
+
+def with_boundaries(pattern: str) -> str:
+    """A topic pattern (a Java regex) widened to TRANSACTIONS_TOPIC: what a query that holds
+    incomplete source transactions reads."""
+    return f"(?:{pattern}|{re.escape(TRANSACTIONS_TOPIC)})"
 
 
 def xid(value: Column) -> Column:

@@ -29,7 +29,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from sync.cdc.transactions import Held
+from sync.delta.merge import latest_version
 from sync.files import write_json_atomically
+from sync.projection import Target
 
 # Per projection: one projection can run this many batches ahead of another (the ledger,
 # light, takes a batch a second under load) before their consistent point is lost.
@@ -58,6 +60,11 @@ def _batches(folder: Path) -> list[int]:
 
 def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, timezone.utc).isoformat()
+
+
+def tables_now(targets: list[Target]) -> dict[str, dict]:
+    """What a point records of `targets`: each one's table and its latest Delta version."""
+    return {t.name: {"path": t.table, "version": latest_version(t.table)} for t in targets}
 
 
 def publish(root: Path, projection: str, batch: int, held: Held, tables: dict[str, dict]) -> Point:
