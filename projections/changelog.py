@@ -1,14 +1,20 @@
 """The bronze changelog: every change event as received, appended, never changed.
 
-Input:  the same topics as the mirrors (every captured table's, and the drops of captured tables), from offset zero.
+Input:  the same topics as the mirrors (every captured table's, and the drops of captured tables), from offset zero,
+        and the source's transaction boundaries, held as the mirrors hold them: a batch
+        appends whole source transactions only, in commit order, and holds the rest for
+        the next (sync/cdc/transactions.py), so no version shows part of one (its
+        consistent point is not published: docs/mirrors.md).
 Key:    the Kafka position (topic, partition, offset): one row per record, once.
 Target: <lake>/changelog, an append-only Delta table (`delta.appendOnly=true`): the
         table, op, key, before and after images as JSON text, and the provenance columns.
         `key` is the primary key; null for a change of a table that has none.
         Kafka compaction removes a key's older versions from its topic; the changelog
         keeps them, so history-needing projections (SCD2, audit) read it, not Kafka.
-Apply:  one append per batch, tagged txnAppId `changelog` / txnVersion = batch id, so
-        a replayed batch adds nothing; fenced like every commit (sync/delta/commit.py).
+Apply:  per batch: 1. the changes of whole source transactions (the rest held, written
+        down before any commit); 2. one append, tagged txnAppId `changelog` / txnVersion =
+        batch id, so a replayed batch adds nothing; fenced like every commit
+        (sync/delta/commit.py).
         Kafka tombstones (null values) carry no change and are not kept. A record that
         is not a change event is kept too, with null op and images: the changelog holds
         what was received, and the mirrors send such records to the dead letters.
@@ -23,13 +29,16 @@ Oracle: no Postgres query gives history; `check` proves the changelog complete a
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from typing import Callable
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from projections.mirrors import TOPICS, table_keys
+from projections.mirrors import TOPICS, WHOLE_TRANSACTIONS, table_keys, transaction_rule
+from sync.cdc import transactions
 from sync.cdc.columns import earlier_names, read_history
 from sync.cdc.decode import SOURCE_STRUCT, is_keyless
 from sync.cdc.ordering import position_columns
@@ -42,7 +51,7 @@ from sync.delta.merge import ensure_table, rows_added
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
 from sync.streaming.progress import Outcome, Steps
-from sync.streaming.stream import at_or_after, read_topics, run_batches, start_offsets
+from sync.streaming.stream import Ranges, at_or_after, read_ranges, read_topics, run_batches, start_offsets
 
 NAME = "changelog"
 KIND = "changelog"
@@ -57,19 +66,27 @@ def changelog_path(settings: Settings) -> str:
 
 
 # The envelope as the changelog reads it: the row images stay JSON text.
-ENVELOPE = f"struct<payload: struct<before: string, after: string, op: string, source: {SOURCE_STRUCT}>>"
+ENVELOPE = (f"struct<payload: struct<before: string, after: string, op: string, source: {SOURCE_STRUCT}, "
+            "transaction: struct<id: string>>>")
+CHANGE = "_lakesync_change"  # a record's payload, parsed (`parsed`)
 
 
-def as_changelog(records: DataFrame) -> DataFrame:
-    """Kafka records -> changelog rows (pure column expressions, no decoding by type)."""
-    # Each record parsed once, in a projection of its own: Spark does not inline an
-    # expensive expression that the next projection uses several times.
-    parsed = records.where(F.col("value").isNotNull()).select(
-        F.from_json(F.col("value").cast("string"), ENVELOPE)["payload"].alias("change"), "key", "topic", "partition",
-        "offset", "timestamp")
-    change = F.col("change")
+def parsed(records: DataFrame) -> DataFrame:
+    """Kafka records with their payload parsed, once, in a projection of its own: Spark
+    does not inline an expensive expression that the next projection uses several times."""
+    return records.select("*", F.from_json(F.col("value").cast("string"), ENVELOPE)["payload"].alias(CHANGE))
+
+
+def as_changelog(records: DataFrame, *kept: str) -> DataFrame:
+    """Kafka records (`parsed` or not) -> changelog rows (pure column expressions, no
+    decoding by type), with the records' columns `kept` too. A record without a value
+    has no row."""
+    if CHANGE not in records.columns:
+        records = parsed(records)
+    records = records.where(F.col("value").isNotNull())
+    change = F.col(CHANGE)
     commit_lsn, lsn = position_columns(change["source"]["sequence"])
-    return parsed.select(
+    return records.select(*kept,
         F.concat_ws(".", change["source"]["schema"], change["source"]["table"]).alias("table"),
         change["op"].alias("_op"),
         F.when(~is_keyless(F.col("key")), F.get_json_object(F.col("key").cast("string"), "$.payload")).alias("key"),
@@ -88,16 +105,40 @@ def as_changelog(records: DataFrame) -> DataFrame:
 
 
 class ChangelogBatch(Batch):
-    def __init__(self, settings: Settings, fence: Fence):
+    """Steps 1-2 of Apply (the module docstring)."""
+
+    def __init__(self, settings: Settings, fence: Fence,
+                 read_again: Callable[[SparkSession, Ranges], DataFrame] | None = None):
         super().__init__(NAME, settings, fence)
+        # The held changes of incomplete source transactions, read again (sync/cdc/transactions.py).
+        read_again = read_again or (lambda spark, ranges: read_ranges(spark, settings, ranges, headers=True))
+        self.read_again = lambda spark, ranges: parsed(read_again(spark, ranges))
+        # The mirrors' rule, read off the parse the rows are made of.
+        self.transaction_rule = replace(transaction_rule(settings),
+                                        xid=lambda: transactions.xid_of_id(F.col(CHANGE)["transaction"]["id"]),
+                                        sequence=lambda: F.col(CHANGE)["source"]["sequence"])
 
     def open(self, spark: SparkSession) -> None:
         ensure_table(spark, changelog_path(self.settings), SCHEMA, {**PROPERTIES, **self.fence.properties})
 
     def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome:
         path = changelog_path(self.settings)
-        commit.append(as_changelog(batch), path)
-        return Outcome(applied={NAME: rows_added(path)})
+        # Each record parsed once, and checkpointed as a changelog row, a fraction of its
+        # bytes (Debezium's inline schema is most of a value); a transaction's record as its
+        # END alone.
+        boundaries = F.col("topic") == transactions.TRANSACTIONS_TOPIC
+        kept = ["topic", "partition", "offset", transactions.XID, transactions.END]
+
+        def as_rows(marked: DataFrame) -> DataFrame:
+            return (as_changelog(marked.where(~boundaries), *kept)
+                    .unionByName(marked.where(boundaries).select(*kept), allowMissingColumns=True))
+        rows, held = transactions.gate(parsed(batch), commit.batch_id, catalog.checkpoint(self.settings, NAME),
+                                       self.transaction_rule, self.read_again, self.settings.whole_transactions,
+                                       keep=as_rows, until=self.settings.transactions_until)
+        steps.done("read")
+        commit.append(rows.drop(*kept), path)
+        steps.done("append")
+        return Outcome(applied={NAME: rows_added(path)}, held_transactions=len(held.xids))
 
 
 class Changelog(Projection):
@@ -114,7 +155,8 @@ class Changelog(Projection):
     def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
         # Created before the first record arrives: the views stream from this table.
         ensure_table(spark, changelog_path(settings), SCHEMA, {**PROPERTIES, **fence.properties})
-        return run_batches(read_topics(spark, settings, TOPICS), NAME, ChangelogBatch(settings, fence), settings, once)
+        return run_batches(read_topics(spark, settings, WHOLE_TRANSACTIONS), NAME, ChangelogBatch(settings, fence),
+                           settings, once)
 
     def check(self, settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
         """verify's comparison for the changelog (see Oracle above)."""

@@ -175,6 +175,13 @@ class Mirrors(Projection):
 PROJECTION = Mirrors()
 
 
+def transaction_rule(settings: Settings) -> transactions.Rule:
+    """What END counts of the table topics' changes (sync/cdc/transactions.py): each table's
+    but the outbox's (routed to the events' topics: never a mirror's)."""
+    outbox = f"{TOPIC_PREFIX}.{settings.outbox_table}"
+    return transactions.changes(lambda topic: topic != outbox and re.fullmatch(TOPIC_PATTERN, topic) is not None)
+
+
 def table_keys(conn, schemas: list[str]) -> list[tuple[str, str, list[str] | None]]:
     """(schema, table, primary key columns or None) of every table of `schemas`."""
     return conn.execute(
@@ -237,9 +244,7 @@ class MirrorBatch(Batch):
         self.read_column_history = read_column_history or (lambda: column_changes.read_history(settings))
         # The held changes of incomplete source transactions, read again (sync/cdc/transactions.py).
         self.read_again = read_again or (lambda spark, ranges: read_ranges(spark, settings, ranges, headers=True))
-        outbox = f"{TOPIC_PREFIX}.{settings.outbox_table}"  # (routed to the events' topics: never a mirror's)
-        self.transaction_rule = transactions.changes(
-            lambda topic: topic != outbox and re.fullmatch(TOPIC_PATTERN, topic) is not None)
+        self.transaction_rule = transaction_rule(settings)
         self.after_resnapshot = at_or_after(start_offsets(settings))
         self.tombstone_tables: set[str] = set()  # created in this run (or found), not checked again
         # Per tombstones table: none is after this position (None: it has none); `_tombstones_after`.
@@ -258,7 +263,8 @@ class MirrorBatch(Batch):
         # (spark.databricks.delta.merge.materializeSource, sync/streaming/spark.py).
         records, held = transactions.gate(batch.where(F.col("value").isNotNull() & self.after_resnapshot),
                                           commit.batch_id, catalog.checkpoint(self.settings, NAME),
-                                          self.transaction_rule, self.read_again, self.settings.whole_transactions)
+                                          self.transaction_rule, self.read_again, self.settings.whole_transactions,
+                                          until=self.settings.transactions_until)
         steps.done("read")
         rows = self._tables(records)
         changed_at = self._column_changes(rows)

@@ -151,10 +151,16 @@ class Settings:
     # commands that start Spark (LAKESYNC_VERBOSE=1, `lakesync --verbose`); else in a log
     # file under `logs` (sync/streaming/spark.py).
     verbose: bool = False
-    # The mirrors and the ledger apply whole source transactions only, in commit order, and
-    # publish consistent points (sync/cdc/transactions.py, sync/delta/points.py); off
+    # The mirrors, the changelog and the ledger apply whole source transactions only, in
+    # commit order, and the mirrors and the ledger publish consistent points
+    # (sync/cdc/transactions.py, sync/delta/points.py); off
     # (LAKESYNC_WHOLE_TRANSACTIONS=off): every change as soon as it is read.
     whole_transactions: bool = True
+    # `lakesync run --once`: the offset after the last record of the transaction topic when
+    # the run began. Every projection applies the source transactions before it and holds
+    # the later ones, so all of them end at the same transaction (a consistent point).
+    # None for every other command.
+    transactions_until: int | None = None
     # (projection, directory) pairs overriding the catalog (sync/delta/catalog.py): a rebuild
     # writes the projection it builds there. Empty for every other command.
     roots: tuple[tuple[str, str], ...] = ()

@@ -199,7 +199,8 @@ class LedgerBatch(Batch):
         ledger, balances = ledger_path(self.settings), balances_path(self.settings)
         # 0. whole source transactions only
         gated, held = transactions.gate(batch, commit.batch_id, catalog.checkpoint(self.settings, NAME),
-                                        self.transaction_rule, self.read_again, self.settings.whole_transactions)
+                                        self.transaction_rule, self.read_again, self.settings.whole_transactions,
+                                        until=self.settings.transactions_until)
         gated = gated.where(F.col("topic") == topic(AGGREGATE))
         records = gated.select("key", "value", "topic", "partition", "offset", _header("source").alias("source"))
         rows = records.orderBy("topic", "partition", "offset").collect()

@@ -62,7 +62,7 @@ def run(settings: Settings, events: int, rate: float, seconds: float, sizes: lis
     workdir.mkdir(parents=True)
     figures: dict = {"machine": report.machine(), "events": events,
                      "taken_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                     # the mirrors and the ledger hold what is not a whole source transaction yet
+                     # the mirrors, the changelog and the ledger hold what is not a whole source transaction yet
                      "whole_transactions": settings.whole_transactions}
     say(f"1/8 stack up in {settings.home}; seeding; runner started")
     stack.up(settings, say=lambda text: None)

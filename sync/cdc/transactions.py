@@ -28,9 +28,10 @@ with the commit LSN of the transaction before its own, END's id ends with its ow
 both are placed against the last transaction applied (`Held.through`).
 
 Which records count toward END, and how a record names its transaction, is the
-projection's `Rule`: the mirrors count each table topic's change events; the ledger
-counts the outbox events of every aggregate type against END's count of the outbox's
-sequence table (sync/outbox.py: one sequence change per event emitted).
+projection's `Rule`: the mirrors (and the changelog, which reads their topics) count each
+table topic's change events; the ledger counts the outbox events of every aggregate type
+against END's count of the outbox's sequence table (sync/outbox.py: one sequence change
+per event emitted).
 """
 
 from __future__ import annotations
@@ -69,7 +70,12 @@ def xid(value: Column) -> Column:
 
 def xid_of(text: Column, path: str) -> Column:
     """The transaction of Debezium's transaction id ("<xid>:<LSN>") at JSON `path` of `text`."""
-    return F.substring_index(F.get_json_object(text, path), ":", 1)
+    return xid_of_id(F.get_json_object(text, path))
+
+
+def xid_of_id(transaction_id: Column) -> Column:
+    """The transaction of Debezium's transaction id "<xid>:<LSN>"."""
+    return F.substring_index(transaction_id, ":", 1)
 
 
 def is_end(value: Column) -> Column:
@@ -156,9 +162,12 @@ class Seen:
     last: int
 
 
-def settle(previous: Held, ends: Iterable[tuple[str, End]], seen: Iterable[Seen], rule: Rule | None = None) -> Held:
+def settle(previous: Held, ends: Iterable[tuple[str, End]], seen: Iterable[Seen], rule: Rule | None = None,
+           until: int | None = None) -> Held:
     """Steps 1-3 of the module docstring: what this batch holds. `seen` covers the held
-    changes read again and the batch's own; every change not of a held transaction applies."""
+    changes read again and the batch's own; every change not of a held transaction applies.
+    `until`: a transaction whose END is at or after this offset is held, whole or not
+    (`lakesync run --once`: every projection stops at the same transaction)."""
     # An END at or before the last one applied is of a transaction applied before, again.
     all_ends = {**previous.ends, **{x: e for x, e in ends
                                     if previous.through is None or e.lsn > previous.through.lsn}}
@@ -184,7 +193,7 @@ def settle(previous: Held, ends: Iterable[tuple[str, End]], seen: Iterable[Seen]
 
     held: set[str] = set()
     for x in sorted(all_ends, key=lambda x: all_ends[x].offset):
-        if held or not complete(x):
+        if held or not complete(x) or until is not None and all_ends[x].offset >= until:
             held.add(x)
     held |= {part.xid for part in seen if part.xid not in all_ends}
     ranges: Ranges = {}
@@ -231,11 +240,14 @@ def held_after(checkpoint: Path, batch_id: int) -> Held:
 
 
 def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
-         read_again: Callable[[SparkSession, Ranges], DataFrame], whole: bool = True) -> tuple[DataFrame, Held]:
+         read_again: Callable[[SparkSession, Ranges], DataFrame], whole: bool = True,
+         keep: Callable[[DataFrame], DataFrame] | None = None, until: int | None = None) -> tuple[DataFrame, Held]:
     """A batch's Kafka records (TRANSACTIONS_TOPIC's among them) -> the changes it may
     apply, checkpointed, and what it holds (written down before anything is applied).
     `read_again` reads offset ranges of the topics, with the records' columns. Not
-    `whole` (the setting off): every change applies, those held before too."""
+    `whole` (the setting off): every change applies, those held before too. `keep`: what
+    of the records is checkpointed and returned (it keeps topic, partition, offset and
+    the gate's own two columns); all of their columns if None. `until`: see `settle`."""
     previous = held_before(checkpoint, batch_id)
     # A transaction record is kept as its END alone (`_lakesync_end`), its key and value
     # emptied: the caller's filters run over these rows, Spark may evaluate them before
@@ -251,7 +263,7 @@ def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
         again = read_again(records.sparkSession, previous.ranges).where(F.col("value").isNotNull())
         again = again.withColumn(XID, rule.xid()).withColumn(END, F.lit(None).cast("string"))
         marked = marked.unionByName(again.where(F.col(XID).isin(sorted(previous.xids))).select(*marked.columns))
-    marked = marked.localCheckpoint(eager=True)
+    marked = (keep(marked) if keep else marked).localCheckpoint(eager=True)
     held = Held(through=previous.through)
     if whole:
         ends = [end_of(row["offset"], row[END], rule.counted)
@@ -260,7 +272,7 @@ def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
                 marked.where(F.col(XID).isNotNull()).groupBy(XID, "topic", "partition")
                 .agg(F.count("*").alias("count"), F.min("offset").alias("first"), F.max("offset").alias("last"))
                 .collect()]
-        held = settle(previous, ends, seen, rule)
+        held = settle(previous, ends, seen, rule, until)
     write_held(checkpoint, batch_id, held)
     applicable = ~F.col(XID).isin(sorted(held.xids)) if held.xids else F.lit(True)
     return marked.where(~boundary & (F.col(XID).isNull() | applicable)).drop(XID, END), held

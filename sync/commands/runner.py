@@ -2,19 +2,26 @@
 
 `run(once=False)` keeps the queries going with a processing-time trigger until it is
 stopped (SIGTERM/SIGINT stop the queries between batches). `run(once=True)` uses
-availableNow triggers: every query processes what Kafka holds at start, then returns.
+availableNow triggers: every query processes what Kafka holds at start, then returns;
+the projections that apply whole source transactions stop at the last one whose END was
+in Kafka when the run began (`Settings.transactions_until`), so they end together,
+though each query reads to Kafka's end as it starts and the connector's heartbeats keep
+committing transactions.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
+from dataclasses import replace
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from sync.cdc.transactions import TRANSACTIONS_TOPIC
 from sync.commands import all_projections
 from sync.config import Settings
 from sync.delta import fencing
@@ -25,6 +32,7 @@ from sync.stack.kafka import kafka_ready
 from sync.stack.process import read_pid
 from sync.streaming import metrics
 from sync.streaming import spark as spark_session
+from sync.streaming.offsets import end_offsets
 
 
 def run(settings: Settings, once: bool = False) -> None:
@@ -34,6 +42,9 @@ def run(settings: Settings, once: bool = False) -> None:
         raise RunnerFailed(f"a runner is already running (pid {read_pid(settings.runner_pidfile)}); "
                            "two runners of the same projections must not both commit")
     reap_orphaned_jvm(settings)
+    if once and settings.whole_transactions:
+        settings = replace(settings, transactions_until=end_offsets(
+            settings, re.escape(TRANSACTIONS_TOPIC)).get((TRANSACTIONS_TOPIC, 0)))
     projections = all_projections(settings)
     sampler = metrics.serve(settings, projections)  # first: a port in use stops us before Spark starts
     stop = threading.Event()

@@ -30,7 +30,8 @@ class NoPoint(LakesyncError):
 
 
 # The projections that apply whole source transactions and publish their points, in the
-# order a point lists their tables.
+# order a point lists their tables. (The changelog applies whole transactions too, but
+# publishes no point: docs/mirrors.md.)
 PUBLISHERS = (mirrors.NAME, ledger.NAME)
 
 

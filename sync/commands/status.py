@@ -6,6 +6,7 @@ import datetime as dt
 from dataclasses import asdict
 from typing import Any
 
+from projections import changelog
 from sync import search
 from sync.cdc.transactions import Held, held_after
 from sync.commands import all_projections, snapshot
@@ -96,7 +97,7 @@ def collect(settings: Settings) -> dict[str, Any]:
             })
     # The source transactions held until all their changes are read (sync/cdc/transactions.py).
     held = {}
-    for name in snapshot.PUBLISHERS:
+    for name in (*snapshot.PUBLISHERS, changelog.NAME):
         checkpoint = catalog.checkpoint(settings, name)
         last = last_batch(checkpoint)
         held[name] = held_after(checkpoint, last) if last is not None else Held()
@@ -139,7 +140,8 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"replication slot lag: {lag if lag is not None else '?'} bytes")
     transactions = report["transactions"]
     if not transactions["whole"]:
-        lines.append("the mirrors and the ledger apply each change as read (LAKESYNC_WHOLE_TRANSACTIONS=off)")
+        lines.append("the mirrors, the changelog and the ledger apply each change as read "
+                     "(LAKESYNC_WHOLE_TRANSACTIONS=off)")
     else:
         point = transactions["point"]
         lines.append(f"consistent point (lakesync snapshot): mirrors' batch {point['batch']}, source commit of "

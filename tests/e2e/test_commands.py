@@ -31,7 +31,7 @@ def test_status_json_has_the_contract_keys(stack, app_db, synced):
     assert isinstance(report["slot_lag_bytes"], int)
     transactions = report["transactions"]  # all applied: none held, and a consistent point
     assert (transactions["whole"], transactions["held"], transactions["oldest_held"]) == (True, 0, None)
-    assert transactions["held_by"] == {"mirrors": 0, "ledger": 0}
+    assert transactions["held_by"] == {"mirrors": 0, "ledger": 0, "changelog": 0}
     assert set(transactions["point"]) == {"batch", "lsn", "committed_at", "published_at", "offset"}
     customers = next(p for p in report["projections"] if p["name"] == "mirror.customers")
     assert set(customers) >= {"name", "kind", "table", "lag", "last_batch_at", "rows_applied", "dead_letters"}

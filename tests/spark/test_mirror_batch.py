@@ -838,3 +838,41 @@ def test_a_batch_applies_whole_source_transactions_in_commit_order_and_holds_the
                                  fencing.take(spark, settings, mirrors.NAME, []), lambda: {}, read_again)
     unsafe(records([(TOPIC, 6, _in_transaction(event("c", 6, 80, 81, "f", "6.00"), 80, 81))]), 4)
     assert {5, 6} <= set(mirror(spark, settings))
+
+
+def test_the_changelog_appends_whole_source_transactions_only(spark, settings):
+    """The changelog holds what the mirrors hold: each version a prefix of whole source
+    transactions in commit order."""
+    ddl = mirrors.RECORDS_DDL + ", timestamp timestamp"  # the Kafka source's columns the changelog keeps
+    kafka = {}
+
+    def records(rows):
+        for topic, offset, (key, value) in rows:
+            kafka[(topic, offset)] = (key, value, topic, 0, offset, None, None)
+        return spark.createDataFrame([kafka[(t, o)] for t, o, _ in rows], ddl)
+
+    def read_again(session, ranges):
+        return session.createDataFrame(
+            [r for (topic, offset), r in sorted(kafka.items())
+             if (topic, 0) in ranges and ranges[(topic, 0)][0] <= offset < ranges[(topic, 0)][1]], ddl)
+
+    txn = mirrors.transactions.TRANSACTIONS_TOPIC
+    apply = changelog.ChangelogBatch(settings, fencing.take(spark, settings, changelog.NAME, []), read_again)
+    path = changelog.changelog_path(settings)
+
+    def logged():
+        return sorted((r["_offset"], r["_op"], r["_txid"]) for r in spark.read.format("delta").load(path).collect())
+
+    # 40 whole; 50 cut by the first batch's end, its END in the second, its last change in
+    # the third with 60's, whose END came before it.
+    batches = [[(TOPIC, 0, _in_transaction(event("c", 1, 40, 41, "a", "1.00"), 40, 41)), (txn, 0, _end(40, 1)),
+                (TOPIC, 1, _in_transaction(event("c", 2, 50, 51, "b", "2.00"), 50, 51))],
+               [(txn, 1, _end(50, 2)), (txn, 2, _end(60, 1))],
+               [(TOPIC, 2, _in_transaction(event("d", 2, 50, 52), 50, 52)),
+                (TOPIC, 3, _in_transaction(event("c", 3, 60, 61, "c", "3.00"), 60, 61))]]
+    expected = [[(0, "c", 40)], [(0, "c", 40)], [(0, "c", 40), (1, "c", 50), (2, "d", 50), (3, "c", 60)]]
+    for batch_id, (rows, appended) in enumerate(zip(batches, expected)):
+        apply(records(rows), batch_id)
+        assert logged() == appended, f"batch {batch_id}"
+    apply(records(batches[-1]), 2)  # replayed: it reads what the batch before held, and appends nothing
+    assert logged() == expected[-1]

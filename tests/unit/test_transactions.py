@@ -140,3 +140,16 @@ def test_an_end_read_again_of_a_transaction_applied_before_is_ignored():
     again = settle(held, [("1", End(9, {ACCOUNTS: 1}, lsn=105)), ("2", End(10, {ACCOUNTS: 1}, lsn=115))],
                    [seen("2", ACCOUNTS, 1, 12)])
     assert nothing_held(again) and again.through.offset == 10
+
+
+def test_a_run_once_holds_every_transaction_whose_end_came_after_it_began():
+    """`lakesync run --once`: each projection stops at the last transaction whose END was
+    in Kafka when the run began (`until`), whatever its query read after; a later run
+    applies the rest, its ENDs kept with what is held."""
+    ends = [("1", End(4, {ACCOUNTS: 1})), ("2", End(7, {})), ("3", End(9, {ACCOUNTS: 1}))]
+    changes = [seen("1", ACCOUNTS, 1, 10), seen("3", ACCOUNTS, 1, 11)]
+    held = settle(Held(), ends, changes, until=7)
+    assert held.xids == {"2", "3"} and held.through.offset == 4 and set(held.ends) == {"2", "3"}
+    assert held.ranges == {(ACCOUNTS, 0): (11, 12)}
+    later = settle(held, [], [seen("3", ACCOUNTS, 1, 11)])
+    assert nothing_held(later) and later.through.offset == 9
