@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 
-from projections import mirrors
+from projections import changelog, mirrors
 from projections.ledger import projection as ledger
 from sync.config import Settings
 from sync.delta import catalog, points
@@ -30,9 +30,11 @@ class NoPoint(LakesyncError):
 
 
 # The projections that apply whole source transactions and publish their points, in the
-# order a point lists their tables. (The changelog applies whole transactions too, but
-# publishes no point: docs/mirrors.md.)
+# order a point lists their tables.
 PUBLISHERS = (mirrors.NAME, ledger.NAME)
+# Every projection that holds incomplete source transactions (`status` counts them): the
+# publishers, and the changelog, which publishes no point (docs/mirrors.md).
+HOLDERS = (*PUBLISHERS, changelog.NAME)
 
 
 def published(settings: Settings) -> list[Point]:

@@ -6,7 +6,6 @@ import datetime as dt
 from dataclasses import asdict
 from typing import Any
 
-from projections import changelog
 from sync import search
 from sync.cdc.transactions import Held, held_after
 from sync.commands import all_projections, snapshot
@@ -97,7 +96,7 @@ def collect(settings: Settings) -> dict[str, Any]:
             })
     # The source transactions held until all their changes are read (sync/cdc/transactions.py).
     held = {}
-    for name in (*snapshot.PUBLISHERS, changelog.NAME):
+    for name in snapshot.HOLDERS:
         checkpoint = catalog.checkpoint(settings, name)
         last = last_batch(checkpoint)
         held[name] = held_after(checkpoint, last) if last is not None else Held()
