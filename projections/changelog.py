@@ -3,8 +3,7 @@
 Input:  the same topics as the mirrors (every captured table's, and the drops of captured tables), from offset zero,
         and the source's transaction boundaries, held as the mirrors hold them: a batch
         appends whole source transactions only, in commit order, and holds the rest for
-        the next (sync/cdc/transactions.py), so no version shows part of one (its
-        consistent point is not published: docs/mirrors.md).
+        the next (sync/cdc/transactions.py), so no version shows part of one.
 Key:    the Kafka position (topic, partition, offset): one row per record, once.
 Target: <lake>/changelog, an append-only Delta table (`delta.appendOnly=true`): the
         table, op, key, before and after images as JSON text, and the provenance columns.
@@ -14,7 +13,10 @@ Target: <lake>/changelog, an append-only Delta table (`delta.appendOnly=true`): 
 Apply:  per batch: 1. the changes of whole source transactions (the rest held, written
         down before any commit); 2. one append, tagged txnAppId `changelog` / txnVersion =
         batch id, so a replayed batch adds nothing; fenced like every commit
-        (sync/delta/commit.py).
+        (sync/delta/commit.py); 3. publish the changelog's consistent point: its version,
+        at the source transaction the batch applied through (sync/delta/points.py). The
+        changelog leads the projections that align their batches with it (the ledger,
+        the mirrors: `Settings.aligned`).
         Kafka tombstones (null values) carry no change and are not kept. A record that
         is not a change event is kept too, with null op and images: the changelog holds
         what was received, and the mirrors send such records to the dead letters.
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable
 
 from delta.tables import DeltaTable
@@ -44,7 +47,7 @@ from sync.cdc.decode import SOURCE_STRUCT, is_keyless
 from sync.cdc.ordering import position_columns
 from sync.compare import Report, compare
 from sync.config import TABLE_DROPS_TABLE, CaptureSet, Settings, pg_quoted
-from sync.delta import catalog
+from sync.delta import catalog, points
 from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table, rows_added
@@ -117,6 +120,7 @@ class ChangelogBatch(Batch):
         self.transaction_rule = replace(transaction_rule(settings),
                                         xid=lambda: transactions.xid_of_id(F.col(CHANGE)["transaction"]["id"]),
                                         sequence=lambda: F.col(CHANGE)["source"]["sequence"])
+        self.align = points.aligner(settings, NAME)  # stop where the projections it follows stand
 
     def open(self, spark: SparkSession) -> None:
         ensure_table(spark, changelog_path(self.settings), SCHEMA, {**PROPERTIES, **self.fence.properties})
@@ -134,10 +138,13 @@ class ChangelogBatch(Batch):
                     .unionByName(marked.where(boundaries).select(*kept), allowMissingColumns=True))
         rows, held = transactions.gate(parsed(batch), commit.batch_id, catalog.checkpoint(self.settings, NAME),
                                        self.transaction_rule, self.read_again, self.settings.whole_transactions,
-                                       keep=as_rows, until=self.settings.transactions_until)
+                                       keep=as_rows, until=self.settings.transactions_until, align=self.align)
         steps.done("read")
         commit.append(rows.drop(*kept), path)
         steps.done("append")
+        if self.settings.whole_transactions:  # 3.
+            points.publish(catalog.root(self.settings, NAME), NAME, commit.batch_id, held,
+                           points.tables_now(PROJECTION.targets(self.settings)))
         return Outcome(applied={NAME: rows_added(path)}, held_transactions=len(held.xids))
 
 
@@ -151,6 +158,10 @@ class Changelog(Projection):
     def targets(self, settings: Settings) -> list[Target]:
         return [Target(name=NAME, kind=KIND, table=changelog_path(settings), keys=["_topic", "_partition", "_offset"],
                        source=TOPICS.pattern)]
+
+    def state_paths(self, settings: Settings) -> list[Path]:
+        """The changelog's consistent points (sync/delta/points.py): they name its version."""
+        return [points.folder(catalog.root(settings, NAME), NAME)]
 
     def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
         # Created before the first record arrives: the views stream from this table.

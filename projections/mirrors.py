@@ -245,6 +245,7 @@ class MirrorBatch(Batch):
         # The held changes of incomplete source transactions, read again (sync/cdc/transactions.py).
         self.read_again = read_again or (lambda spark, ranges: read_ranges(spark, settings, ranges, headers=True))
         self.transaction_rule = transaction_rule(settings)
+        self.align = points.aligner(settings, NAME)  # stop where the projections it follows stand
         self.after_resnapshot = at_or_after(start_offsets(settings))
         self.tombstone_tables: set[str] = set()  # created in this run (or found), not checked again
         # Per tombstones table: none is after this position (None: it has none); `_tombstones_after`.
@@ -264,7 +265,7 @@ class MirrorBatch(Batch):
         records, held = transactions.gate(batch.where(F.col("value").isNotNull() & self.after_resnapshot),
                                           commit.batch_id, catalog.checkpoint(self.settings, NAME),
                                           self.transaction_rule, self.read_again, self.settings.whole_transactions,
-                                          until=self.settings.transactions_until)
+                                          until=self.settings.transactions_until, align=self.align)
         steps.done("read")
         rows = self._tables(records)
         changed_at = self._column_changes(rows)

@@ -247,8 +247,8 @@ def parser() -> argparse.ArgumentParser:
     wait.add_argument("names", nargs="*", metavar="NAME", help="a projection or one of its targets")
     wait.add_argument("--timeout", type=float, default=180.0, metavar="S")
     wait.set_defaults(func=cmd_wait)
-    snapshot = sub.add_parser("snapshot", help="the latest consistent point: every mirror's and the ledger's "
-                                               "Delta version at one source transaction")
+    snapshot = sub.add_parser("snapshot", help="the latest consistent point: the mirrors', the ledger's and the "
+                                               "changelog's Delta versions at one source transaction")
     snapshot.add_argument("--json", action="store_true")
     snapshot.set_defaults(func=cmd_snapshot)
     verify = sub.add_parser("verify", help="compare every projection with its Postgres oracle")

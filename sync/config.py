@@ -152,7 +152,7 @@ class Settings:
     # file under `logs` (sync/streaming/spark.py).
     verbose: bool = False
     # The mirrors, the changelog and the ledger apply whole source transactions only, in
-    # commit order, and the mirrors and the ledger publish consistent points
+    # commit order, and publish consistent points
     # (sync/cdc/transactions.py, sync/delta/points.py); off
     # (LAKESYNC_WHOLE_TRANSACTIONS=off): every change as soon as it is read.
     whole_transactions: bool = True
@@ -161,6 +161,10 @@ class Settings:
     # the later ones, so all of them end at the same transaction (a consistent point).
     # None for every other command.
     transactions_until: int | None = None
+    # `lakesync run`: the projections it runs that publish consistent points, in the order
+    # each follows those before it (its batches stop where they stand: sync/delta/points.py
+    # `follow`). Empty for every other command: no projection waits for another.
+    aligned: tuple[str, ...] = ()
     # (projection, directory) pairs overriding the catalog (sync/delta/catalog.py): a rebuild
     # writes the projection it builds there. Empty for every other command.
     roots: tuple[tuple[str, str], ...] = ()

@@ -184,6 +184,7 @@ class LedgerBatch(Batch):
         super().__init__(NAME, settings, fence)
         self.heads: dict[int, tuple[int, str, str]] = {}  # account -> (seq, hash, event_id), read by `open`
         self.transaction_rule = transaction_rule(settings)
+        self.align = points.aligner(settings, NAME)  # stop where the projections it follows stand
         # The held events of incomplete source transactions, read again (sync/cdc/transactions.py).
         self.read_again = read_again or (lambda spark, ranges: read_ranges(spark, settings, ranges, headers=True))
 
@@ -200,7 +201,7 @@ class LedgerBatch(Batch):
         # 0. whole source transactions only
         gated, held = transactions.gate(batch, commit.batch_id, catalog.checkpoint(self.settings, NAME),
                                         self.transaction_rule, self.read_again, self.settings.whole_transactions,
-                                        until=self.settings.transactions_until)
+                                        until=self.settings.transactions_until, align=self.align)
         gated = gated.where(F.col("topic") == topic(AGGREGATE))
         records = gated.select("key", "value", "topic", "partition", "offset", _header("source").alias("source"))
         rows = records.orderBy("topic", "partition", "offset").collect()

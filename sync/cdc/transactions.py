@@ -21,7 +21,9 @@ mirrors) decides per batch, with `settle`:
      their changes lie in. The next batch reads those ranges again (Kafka keeps every
      record for a day: the topics' min.compaction.lag.ms) and keeps only the held
      transactions' changes.
-A replayed batch reads the same records and the same file, so it holds the same. A change
+A replayed batch holds what it decided the first time (its own file, kept): where a
+batch stops can depend on the moment (`lakesync run --once`, batches aligned across
+projections: sync/delta/points.py), and its commits before a crash hold just that. A change
 Kafka holds twice (a record produced again) whose transaction was applied before applies
 again, idempotently, and its END again is ignored: a change's source.sequence starts
 with the commit LSN of the transaction before its own, END's id ends with its own, so
@@ -233,6 +235,13 @@ def write_held(checkpoint: Path, batch_id: int, held: Held) -> None:
         (_folder(checkpoint) / f"{old}.json").unlink(missing_ok=True)
 
 
+def decided(checkpoint: Path) -> tuple[int, Held] | None:
+    """The last batch that has decided what it holds (its commits may not be done), and
+    that decision: where its projection will stand once they are."""
+    batches = _batches(checkpoint)
+    return (batches[-1], held_after(checkpoint, batches[-1])) if batches else None
+
+
 def held_after(checkpoint: Path, batch_id: int) -> Held:
     """What batch `batch_id` held (nothing if it wrote no file: a query without the gate)."""
     path = _folder(checkpoint) / f"{batch_id}.json"
@@ -241,13 +250,17 @@ def held_after(checkpoint: Path, batch_id: int) -> Held:
 
 def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
          read_again: Callable[[SparkSession, Ranges], DataFrame], whole: bool = True,
-         keep: Callable[[DataFrame], DataFrame] | None = None, until: int | None = None) -> tuple[DataFrame, Held]:
+         keep: Callable[[DataFrame], DataFrame] | None = None, until: int | None = None,
+         align: Callable[[int | None, int], int | None] | None = None) -> tuple[DataFrame, Held]:
     """A batch's Kafka records (TRANSACTIONS_TOPIC's among them) -> the changes it may
     apply, checkpointed, and what it holds (written down before anything is applied).
     `read_again` reads offset ranges of the topics, with the records' columns. Not
     `whole` (the setting off): every change applies, those held before too. `keep`: what
     of the records is checkpointed and returned (it keeps topic, partition, offset and
-    the gate's own two columns); all of their columns if None. `until`: see `settle`."""
+    the gate's own two columns); all of their columns if None. `until`: see `settle`.
+    `align(previous place, place)`: where the batch stops instead, at or before the place
+    (commit order) it would apply through, so as to stand with other projections
+    (sync/delta/points.py `follow`); None: there."""
     previous = held_before(checkpoint, batch_id)
     # A transaction record is kept as its END alone (`_lakesync_end`), its key and value
     # emptied: the caller's filters run over these rows, Spark may evaluate them before
@@ -265,14 +278,31 @@ def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
         marked = marked.unionByName(again.where(F.col(XID).isin(sorted(previous.xids))).select(*marked.columns))
     marked = (keep(marked) if keep else marked).localCheckpoint(eager=True)
     held = Held(through=previous.through)
-    if whole:
-        ends = [end_of(row["offset"], row[END], rule.counted)
-                for row in marked.where(F.col(END).isNotNull()).select("offset", END).collect()]
-        seen = [Seen(row[XID], row["topic"], row["partition"], row["count"], row["first"], row["last"]) for row in
-                marked.where(F.col(XID).isNotNull()).groupBy(XID, "topic", "partition")
-                .agg(F.count("*").alias("count"), F.min("offset").alias("first"), F.max("offset").alias("last"))
-                .collect()]
-        held = settle(previous, ends, seen, rule, until)
-    write_held(checkpoint, batch_id, held)
+    if whole and (_folder(checkpoint) / f"{batch_id}.json").is_file():
+        # A replay holds what the batch decided the first time: where it stopped may have
+        # depended on the moment (`until`, `align`), and commits made before a crash hold that.
+        held = held_after(checkpoint, batch_id)
+    else:
+        if whole:
+            held = _decide(marked, previous, rule, until, align)
+        write_held(checkpoint, batch_id, held)
     applicable = ~F.col(XID).isin(sorted(held.xids)) if held.xids else F.lit(True)
     return marked.where(~boundary & (F.col(XID).isNull() | applicable)).drop(XID, END), held
+
+
+def _decide(marked: DataFrame, previous: Held, rule: Rule, until: int | None,
+            align: Callable[[int | None, int], int | None] | None) -> Held:
+    """What a batch holds (`settle`), stopping where `align` says (see `gate`)."""
+    ends = [end_of(row["offset"], row[END], rule.counted)
+            for row in marked.where(F.col(END).isNotNull()).select("offset", END).collect()]
+    seen = [Seen(row[XID], row["topic"], row["partition"], row["count"], row["first"], row["last"]) for row in
+            marked.where(F.col(XID).isNotNull()).groupBy(XID, "topic", "partition")
+            .agg(F.count("*").alias("count"), F.min("offset").alias("first"), F.max("offset").alias("last"))
+            .collect()]
+    held = settle(previous, ends, seen, rule, until)
+    after = previous.through.offset if previous.through else None
+    if align and held.through is not None and held.through.offset != after:
+        cut = align(after, held.through.offset)
+        if cut is not None and cut < held.through.offset:
+            held = settle(previous, ends, seen, rule, cut + 1 if until is None else min(until, cut + 1))
+    return held

@@ -6,7 +6,8 @@ availableNow triggers: every query processes what Kafka holds at start, then ret
 the projections that apply whole source transactions stop at the last one whose END was
 in Kafka when the run began (`Settings.transactions_until`), so they end together,
 though each query reads to Kafka's end as it starts and the connector's heartbeats keep
-committing transactions.
+committing transactions. While they run, their batches stop at common places
+(`Settings.aligned`), so that the consistent point moves under load.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sync.cdc.transactions import TRANSACTIONS_TOPIC
 from sync.commands import all_projections
+from sync.commands.snapshot import FOLLOW_ORDER
 from sync.config import Settings
 from sync.delta import fencing
 from sync.errors import Fenced, RunnerFailed, ServiceUnavailable
@@ -46,6 +48,9 @@ def run(settings: Settings, once: bool = False) -> None:
         settings = replace(settings, transactions_until=end_offsets(
             settings, re.escape(TRANSACTIONS_TOPIC)).get((TRANSACTIONS_TOPIC, 0)))
     projections = all_projections(settings)
+    if settings.whole_transactions:  # their batches stop at common places (sync/delta/points.py `follow`)
+        settings = replace(settings, aligned=tuple(name for name in FOLLOW_ORDER
+                                                   if name in {p.name for p in projections}))
     sampler = metrics.serve(settings, projections)  # first: a port in use stops us before Spark starts
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

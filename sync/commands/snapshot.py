@@ -1,10 +1,10 @@
-"""`lakesync snapshot`: the latest consistent point of the mirrors and the ledger, and
-DataFrames pinned to it.
+"""`lakesync snapshot`: the latest consistent point of the mirrors, the ledger and the
+changelog, and DataFrames pinned to it.
 
 Every table of a point is read as of its Delta version (sync/delta/points.py), so the
-mirrors and the ledger are seen together at one source transaction: an account never
-ahead of its customer, both sides of a transfer or neither, an account's mirrored
-balance equal to its ledger balance. Any Delta reader can do the same with the versions
+mirrors, the ledger and the changelog are seen together at one source transaction: an
+account never ahead of its customer, both sides of a transfer or neither, an account's
+mirrored balance equal to its ledger balance. Any Delta reader can do the same with the versions
 `lakesync snapshot --json` prints; from Python:
 
     from sync.commands.snapshot import dataframes
@@ -30,11 +30,13 @@ class NoPoint(LakesyncError):
 
 
 # The projections that apply whole source transactions and publish their points, in the
-# order a point lists their tables.
-PUBLISHERS = (mirrors.NAME, ledger.NAME)
-# Every projection that holds incomplete source transactions (`status` counts them): the
-# publishers, and the changelog, which publishes no point (docs/mirrors.md).
-HOLDERS = (*PUBLISHERS, changelog.NAME)
+# order a point lists their tables (its batch is the first one's).
+PUBLISHERS = (mirrors.NAME, ledger.NAME, changelog.NAME)
+# The order in which they cut their batches at common places (`Settings.aligned`): each
+# follows those before it. The changelog, which feeds the views and is measured for
+# freshness, leads; the mirrors follow its frequent stops, so what they hold is short;
+# the ledger, light, follows both and waits for the mirrors' stops.
+FOLLOW_ORDER = (changelog.NAME, mirrors.NAME, ledger.NAME)
 
 
 def published(settings: Settings) -> list[Point]:

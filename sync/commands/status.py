@@ -96,7 +96,7 @@ def collect(settings: Settings) -> dict[str, Any]:
             })
     # The source transactions held until all their changes are read (sync/cdc/transactions.py).
     held = {}
-    for name in snapshot.HOLDERS:
+    for name in snapshot.PUBLISHERS:
         checkpoint = catalog.checkpoint(settings, name)
         last = last_batch(checkpoint)
         held[name] = held_after(checkpoint, last) if last is not None else Held()

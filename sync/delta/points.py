@@ -11,8 +11,16 @@ next batch applied that concerns them (that batch's `first`).
 The consistent point across projections (`consistent`) is the latest place where every
 projection's tables are known to stand: a reader that opens each table at its version
 (`versionAsOf`, DuckDB's `delta_scan(..., version => v)`, delta-rs' `load_as_version`)
-sees the mirrors and the ledger as they were together, never one ahead of another.
-`lakesync snapshot` prints it.
+sees the mirrors, the ledger and the changelog as they were together, never one ahead of
+another. `lakesync snapshot` prints it.
+
+Independent queries end their batches at different places, and under load those rarely
+meet. So the projections of one runner cut their batches at common places
+(`Settings.aligned`): each follows the ones before it in that order (`follow`). A batch
+that would apply through place M stops at the latest place up to M where each of its
+leaders stands, or will once the batch it has decided commits (a leader's decision is
+written before its commits, and a replay keeps it), and holds the transactions after
+that place for its next batch. It waits, briefly, only for a leader about to decide.
 
 Each projection's point is one small JSON file, <root>/_points/<projection>/<batch>.json,
 written atomically after the batch's commits; the last POINTS_KEPT stay. A batch
@@ -27,8 +35,11 @@ from bisect import bisect_right
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
-from sync.cdc.transactions import Held
+from sync.cdc.transactions import Held, decided
+from sync.config import Settings
+from sync.delta import catalog
 from sync.delta.merge import latest_version
 from sync.files import write_json_atomically
 from sync.projection import Target
@@ -36,6 +47,10 @@ from sync.projection import Target
 # Per projection: one projection can run this many batches ahead of another (the ledger,
 # light, takes a batch a second under load) before their consistent point is lost.
 POINTS_KEPT = 1000
+# How long a batch waits at most for its leaders to decide past where it would stop
+# (`follow`): a leader's read of a batch; longer than the connector's heartbeat interval
+# would gain nothing (the transaction it commits starts a batch anyway).
+FOLLOW_WAIT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -132,3 +147,72 @@ def consistent(kept: dict[str, list[Point]]) -> list[Point]:
                                published_at=max(p.published_at for p in standing),
                                tables={t: v for p in standing for t, v in p.tables.items()}, offset=place))
     return found
+
+
+def _common_place(kept: dict[str, list[Point]], after: int | None, at_most: int) -> int | None:
+    """The latest place in (after, at_most] where every projection of `kept` (points
+    oldest first) stands; None if there is none."""
+    placed = [[p for p in points if p.offset is not None] for points in kept.values()]
+    if not all(placed):
+        return None
+    # Where a projection stands is a union of ranges [offset, next first - 1]: the latest
+    # place all of them share is at_most or one of those ranges' ends.
+    ends = {at_most} | {p.offset for points in placed for p in points} | \
+           {p.first - 1 for points in placed for p in points if p.first is not None}
+    for place in sorted((e for e in ends if e <= at_most and (after is None or e > after)), reverse=True):
+        if all(_standing_at(points, [p.offset for p in points], place) for points in placed):
+            return place
+    return None
+
+
+def _pending(checkpoint: Path, last: Point | None) -> Point | None:
+    """A projection's batch that has decided where it stops (sync/cdc/transactions.py
+    `decided`, kept for its replay too) but not yet published after `last`: where it
+    will stand."""
+    found = decided(checkpoint)
+    if found is None or last is not None and last.batch >= found[0] or found[1].through is None:
+        return None
+    batch, held = found
+    return Point(batch=batch, lsn=held.through.lsn, committed_at=None, published_at="", tables={},
+                 offset=held.through.offset, first=held.first)
+
+
+def follow(leaders: dict[str, tuple[Path, Path]], after: int | None, at_most: int,
+           wait_seconds: float = FOLLOW_WAIT_SECONDS) -> int | None:
+    """Where a batch that would apply through place `at_most` (its previous one through
+    `after`) stops so as to stand where its `leaders` (projection -> its root and
+    checkpoint) stand, or will once their batches that have decided commit: the latest
+    such place. It waits up to `wait_seconds` for each leader to decide past `at_most`,
+    but not for one still behind `after` (catching up) nor for one committing a batch
+    that stops before it (its next decision is a batch away). None: there is none, and
+    the batch goes on alone (a point is missed, nothing stalls)."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        waiting = False
+        for name, (root, checkpoint) in leaders.items():
+            last = latest(root, name)
+            pending = _pending(checkpoint, last)
+            newest = pending or last
+            if newest is None:
+                return None  # a leader that has decided nothing yet
+            reached = -1 if newest.offset is None else newest.offset
+            waiting |= reached < at_most and not (after is not None and reached < after) and pending is None
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    kept = {}
+    for name, (root, checkpoint) in leaders.items():
+        committed = published(root, name)
+        pending = _pending(checkpoint, committed[-1] if committed else None)
+        kept[name] = committed + ([pending] if pending else [])
+    return _common_place(kept, after, at_most)
+
+
+def aligner(settings: Settings, projection: str) -> Callable[[int | None, int], int | None] | None:
+    """The `align` of `projection`'s gate (sync/cdc/transactions.py): `follow` the
+    projections before it in `Settings.aligned`; None if it follows none."""
+    leaders = settings.aligned[:settings.aligned.index(projection)] if projection in settings.aligned else ()
+    if not leaders:
+        return None
+    places = {name: (catalog.root(settings, name), catalog.checkpoint(settings, name)) for name in leaders}
+    return lambda after, at_most: follow(places, after, at_most, FOLLOW_WAIT_SECONDS)

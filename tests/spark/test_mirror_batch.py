@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from projections import changelog, mirrors
 from sync import config
 from sync.bench import merge_scaling
+from sync.commands import snapshot
 from sync.cdc.decode import KEYLESS_KEY_SCHEMA, UNAVAILABLE
 from sync.delta import catalog, deadletters, fencing, points
 from sync.delta.merge import ensure_table, latest_version
@@ -876,3 +877,44 @@ def test_the_changelog_appends_whole_source_transactions_only(spark, settings):
         assert logged() == appended, f"batch {batch_id}"
     apply(records(batches[-1]), 2)  # replayed: it reads what the batch before held, and appends nothing
     assert logged() == expected[-1]
+
+
+def test_the_mirrors_stop_where_the_changelog_they_follow_stands_and_a_replay_stops_there_again(
+        spark, settings, monkeypatch):
+    """Batches cut at common places (`Settings.aligned`, sync/delta/points.py `follow`):
+    the changelog stopped after transaction 50, so the mirrors' batch that read 60 too
+    stops there and holds 60; replayed once the changelog stands after 60, it still stops
+    where it decided to (its commits before a crash hold just that)."""
+    monkeypatch.setattr(points, "FOLLOW_WAIT_SECONDS", 0.5)  # how long a batch waits for an idle leader
+    settings = dataclasses.replace(settings, aligned=(changelog.NAME, mirrors.NAME))
+    columns = mirrors.RECORDS_DDL + ", timestamp timestamp"  # the changelog keeps the Kafka timestamp too
+    kafka = {}
+
+    def records(rows):
+        for topic, offset, (key, value) in rows:
+            kafka[(topic, offset)] = (key, value, topic, 0, offset, None, None)
+        return spark.createDataFrame([kafka[(t, o)] for t, o, _ in rows], columns)
+
+    def read_again(session, ranges):
+        return session.createDataFrame(
+            [r for (topic, offset), r in sorted(kafka.items())
+             if (topic, 0) in ranges and ranges[(topic, 0)][0] <= offset < ranges[(topic, 0)][1]], columns)
+
+    txn = mirrors.transactions.TRANSACTIONS_TOPIC
+    log = changelog.ChangelogBatch(settings, fencing.take(spark, settings, changelog.NAME, []), read_again)
+    apply = mirrors.MirrorBatch(settings, fencing.take(spark, settings, mirrors.NAME, []), lambda: {},
+                                lambda session, ranges: read_again(session, ranges).drop("timestamp"))
+    t40, t50, t60 = ([(TOPIC, n, _in_transaction(event("c", n + 1, xid, xid + 1, name, "1.00"), xid, xid + 1)),
+                      (txn, n, _end(xid, 1))] for n, (xid, name) in enumerate([(40, "a"), (50, "b"), (60, "c")]))
+    log(records(t40 + t50), 0)
+    apply(records(t40 + t50 + t60).drop("timestamp"), 0)
+    assert sorted(mirror(spark, settings)) == [1, 2]
+    found = snapshot.published(settings)[-1]
+    assert (found.offset, sorted(found.tables)) == (1, ["changelog", "mirror.widgets"])
+    log(records(t60), 1)  # the changelog now stands after 60 too
+    apply(records(t40 + t50 + t60).drop("timestamp"), 0)  # replayed
+    assert sorted(mirror(spark, settings)) == [1, 2]
+    heartbeat = [(txn, 3, _end(70, 0))]  # a transaction that changed no table read
+    apply(records(heartbeat).drop("timestamp"), 1)
+    assert sorted(mirror(spark, settings)) == [1, 2, 3]
+    assert snapshot.published(settings)[-1].offset == 2  # not 3: the changelog has not read it

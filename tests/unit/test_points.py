@@ -1,7 +1,9 @@
 """Consistent points (sync/delta/points.py): where the projections' tables stand together."""
 
-from sync.cdc.transactions import End, Held
-from sync.delta.points import Point, consistent, published, publish
+import time
+
+from sync.cdc.transactions import End, Held, write_held
+from sync.delta.points import Point, consistent, follow, published, publish
 
 
 def point(batch, offset, first, table):
@@ -49,3 +51,53 @@ def test_points_are_published_per_batch_and_read_back(tmp_path):
     first, second = published(tmp_path, "ledger")
     assert (first.batch, first.offset, first.first, first.lsn) == (3, 7, 5, 900)
     assert first.committed_at == "2026-11-26T13:46:13.098000+00:00" and second.offset is None
+
+
+def leader_points(tmp_path, name, kept, decided=None):
+    """A leader's published points, and the batch it has `decided` but not published."""
+    for p in kept:
+        publish(tmp_path / name, name, p.batch, Held(through=End(p.offset, {}, p.lsn, 0), first=p.first), p.tables)
+    if decided:
+        batch, offset, first = decided
+        write_held(tmp_path / name / "checkpoint", batch, Held(through=End(offset, {}, offset * 100, 0), first=first))
+    return tmp_path / name, tmp_path / name / "checkpoint"
+
+
+def test_a_follower_stops_at_the_latest_place_where_every_leader_stands(tmp_path):
+    """The changelog cut at 10, 20 and 30; the mirrors, following it, at 10, 20 and 30. A
+    ledger batch that would apply through 27 stops at 20; one through 24 where a leader
+    does not stand there or later goes on alone."""
+    leaders = {"changelog": leader_points(tmp_path, "changelog", [
+                   point(1, 10, 8, "changelog"), point(2, 20, 15, "changelog"), point(3, 30, 25, "changelog")]),
+               "mirrors": leader_points(tmp_path, "mirrors", [
+                   point(1, 10, 9, "mirror.accounts"), point(2, 20, 11, "mirror.accounts"),
+                   point(3, 30, 21, "mirror.accounts")])}
+    assert follow(leaders, 10, 27, wait_seconds=0) == 20
+    # Through 24: the changelog stands there, the mirrors not (their batch through 30
+    # applied a transaction at 21), so 20; and after 20, nowhere: the batch goes on alone.
+    assert follow(leaders, 10, 24, wait_seconds=0) == 20
+    assert follow(leaders, 20, 24, wait_seconds=0) is None
+    # At the leaders' last place: there.
+    assert follow(leaders, 20, 30, wait_seconds=0) == 30
+    # A follower with no leader point yet goes on alone.
+    assert follow({**leaders, "other": (tmp_path / "other", tmp_path / "other")}, 10, 27, wait_seconds=0) is None
+
+
+def test_a_leaders_decided_batch_is_where_it_will_stand_and_a_follower_does_not_wait_for_its_commit(tmp_path):
+    """The changelog has published 10 and decided its batch 2 through 40 (first 12)."""
+    leaders = {"changelog": leader_points(tmp_path, "changelog", [point(1, 10, 8, "changelog")], (2, 40, 12))}
+    started = time.monotonic()
+    assert follow(leaders, 5, 40, wait_seconds=5) == 40
+    assert follow(leaders, 5, 11, wait_seconds=5) == 11  # it stands at 10 and 11: its next batch starts at 12
+    assert follow(leaders, 5, 50, wait_seconds=5) == 40  # busy committing short of 50: not waited for
+    assert time.monotonic() - started < 1
+
+
+def test_a_follower_waits_for_a_leader_about_to_decide_and_not_for_one_catching_up(tmp_path):
+    leaders = {"changelog": leader_points(tmp_path, "changelog", [point(1, 10, 8, "changelog")])}
+    started = time.monotonic()
+    assert follow(leaders, 10, 20, wait_seconds=0.5) is None  # it never decided past 20
+    assert time.monotonic() - started >= 0.5
+    started = time.monotonic()
+    assert follow(leaders, 15, 20, wait_seconds=5) is None  # behind 15: catching up, not waited for
+    assert time.monotonic() - started < 1
