@@ -15,8 +15,8 @@ Apply:  per batch: 1. the changes of whole source transactions (the rest held, w
         batch id, so a replayed batch adds nothing; fenced like every commit
         (sync/delta/commit.py); 3. publish the changelog's consistent point: its version,
         at the source transaction the batch applied through (sync/delta/points.py). The
-        changelog leads the projections that align their batches with it (the ledger,
-        the mirrors: `Settings.aligned`).
+        mirrors and the ledger stop their batches where it stands (`FOLLOW_ORDER` in
+        sync/commands/snapshot.py).
         Kafka tombstones (null values) carry no change and are not kept. A record that
         is not a change event is kept too, with null op and images: the changelog holds
         what was received, and the mirrors send such records to the dead letters.

@@ -161,9 +161,9 @@ class Settings:
     # the later ones, so all of them end at the same transaction (a consistent point).
     # None for every other command.
     transactions_until: int | None = None
-    # `lakesync run`: the projections it runs that publish consistent points, in the order
-    # each follows those before it (its batches stop where they stand: sync/delta/points.py
-    # `follow`). Empty for every other command: no projection waits for another.
+    # `lakesync run` (not --once): the projections it runs that publish consistent points,
+    # in the order each follows those before it (its batches stop where they stand:
+    # sync/delta/points.py `follow`). Empty for every other command.
     aligned: tuple[str, ...] = ()
     # (projection, directory) pairs overriding the catalog (sync/delta/catalog.py): a rebuild
     # writes the projection it builds there. Empty for every other command.

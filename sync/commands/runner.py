@@ -6,8 +6,10 @@ availableNow triggers: every query processes what Kafka holds at start, then ret
 the projections that apply whole source transactions stop at the last one whose END was
 in Kafka when the run began (`Settings.transactions_until`), so they end together,
 though each query reads to Kafka's end as it starts and the connector's heartbeats keep
-committing transactions. While they run, their batches stop at common places
-(`Settings.aligned`), so that the consistent point moves under load.
+committing transactions. Without --once, their batches stop at common places
+(`Settings.aligned`), so that the consistent point moves under load; with it they do
+not: a projection ahead of the one it follows would hold what that one had not reached
+when its query ran out of records, and the run would end with it behind.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def run(settings: Settings, once: bool = False) -> None:
         settings = replace(settings, transactions_until=end_offsets(
             settings, re.escape(TRANSACTIONS_TOPIC)).get((TRANSACTIONS_TOPIC, 0)))
     projections = all_projections(settings)
-    if settings.whole_transactions:  # their batches stop at common places (sync/delta/points.py `follow`)
+    if settings.whole_transactions and not once:  # batches stop at common places (sync/delta/points.py `follow`)
         settings = replace(settings, aligned=tuple(name for name in FOLLOW_ORDER
                                                    if name in {p.name for p in projections}))
     sampler = metrics.serve(settings, projections)  # first: a port in use stops us before Spark starts

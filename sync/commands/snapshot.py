@@ -4,8 +4,8 @@ changelog, and DataFrames pinned to it.
 Every table of a point is read as of its Delta version (sync/delta/points.py), so the
 mirrors, the ledger and the changelog are seen together at one source transaction: an
 account never ahead of its customer, both sides of a transfer or neither, an account's
-mirrored balance equal to its ledger balance. Any Delta reader can do the same with the versions
-`lakesync snapshot --json` prints; from Python:
+mirrored balance equal to its ledger balance. Any Delta reader can do the same with the
+versions `lakesync snapshot --json` prints; from Python:
 
     from sync.commands.snapshot import dataframes
     tables = dataframes(spark, config.load())     # {"mirror.accounts": DataFrame, ...}

@@ -788,22 +788,33 @@ def _end(xid, widgets):
                                      {"data_collection": "public.outbox", "event_count": 1}]}}).encode())
 
 
+CHANGELOG_RECORDS = mirrors.RECORDS_DDL + ", timestamp timestamp"  # the Kafka source's columns the changelog keeps
+
+
+class Kafka:
+    """What Kafka keeps of a test's records: `records` gives a batch's rows (and keeps
+    them), `read_again` reads offset ranges of them back (sync/cdc/transactions.py)."""
+
+    def __init__(self, spark, columns=mirrors.RECORDS_DDL):
+        self.spark, self.columns, self.kept = spark, columns, {}
+        self.width = len(spark.createDataFrame([], columns).columns)
+
+    def records(self, rows):
+        for topic, offset, (key, value) in rows:
+            self.kept[(topic, offset)] = (key, value, topic, 0, offset) + (None,) * (self.width - 5)
+        return self.spark.createDataFrame([self.kept[(t, o)] for t, o, _ in rows], self.columns)
+
+    def read_again(self, session, ranges):
+        return session.createDataFrame(
+            [r for (topic, offset), r in sorted(self.kept.items())
+             if (topic, 0) in ranges and ranges[(topic, 0)][0] <= offset < ranges[(topic, 0)][1]], self.columns)
+
+
 def test_a_batch_applies_whole_source_transactions_in_commit_order_and_holds_the_rest(spark, settings):
     """A transaction cut by a batch's end, its END before or after its changes: no version
     of the mirror shows part of one (the prefix in commit order: tests/unit/test_transactions.py)."""
-    kafka = {}  # (topic, offset) -> record: what Kafka keeps, read again for the held ranges
-
-    def records(rows):
-        for topic, offset, (key, value) in rows:
-            kafka[(topic, offset)] = (key, value, topic, 0, offset, None)
-        return spark.createDataFrame([kafka[(t, o)] for t, o, _ in rows], mirrors.RECORDS_DDL)
-
-    def read_again(session, ranges):
-        return session.createDataFrame(
-            [r for (topic, offset), r in sorted(kafka.items())
-             if (topic, 0) in ranges and ranges[(topic, 0)][0] <= offset < ranges[(topic, 0)][1]],
-            mirrors.RECORDS_DDL)
-
+    kafka = Kafka(spark)
+    records, read_again = kafka.records, kafka.read_again
     txn = mirrors.transactions.TRANSACTIONS_TOPIC
     apply = mirrors.MirrorBatch(settings, fencing.take(spark, settings, mirrors.NAME, []), lambda: {}, read_again)
     path = str(mirrors.mirror_path(settings, "widgets"))
@@ -844,19 +855,8 @@ def test_a_batch_applies_whole_source_transactions_in_commit_order_and_holds_the
 def test_the_changelog_appends_whole_source_transactions_only(spark, settings):
     """The changelog holds what the mirrors hold: each version a prefix of whole source
     transactions in commit order."""
-    ddl = mirrors.RECORDS_DDL + ", timestamp timestamp"  # the Kafka source's columns the changelog keeps
-    kafka = {}
-
-    def records(rows):
-        for topic, offset, (key, value) in rows:
-            kafka[(topic, offset)] = (key, value, topic, 0, offset, None, None)
-        return spark.createDataFrame([kafka[(t, o)] for t, o, _ in rows], ddl)
-
-    def read_again(session, ranges):
-        return session.createDataFrame(
-            [r for (topic, offset), r in sorted(kafka.items())
-             if (topic, 0) in ranges and ranges[(topic, 0)][0] <= offset < ranges[(topic, 0)][1]], ddl)
-
+    kafka = Kafka(spark, CHANGELOG_RECORDS)
+    records, read_again = kafka.records, kafka.read_again
     txn = mirrors.transactions.TRANSACTIONS_TOPIC
     apply = changelog.ChangelogBatch(settings, fencing.take(spark, settings, changelog.NAME, []), read_again)
     path = changelog.changelog_path(settings)
@@ -887,19 +887,8 @@ def test_the_mirrors_stop_where_the_changelog_they_follow_stands_and_a_replay_st
     where it decided to (its commits before a crash hold just that)."""
     monkeypatch.setattr(points, "FOLLOW_WAIT_SECONDS", 0.5)  # how long a batch waits for an idle leader
     settings = dataclasses.replace(settings, aligned=(changelog.NAME, mirrors.NAME))
-    columns = mirrors.RECORDS_DDL + ", timestamp timestamp"  # the changelog keeps the Kafka timestamp too
-    kafka = {}
-
-    def records(rows):
-        for topic, offset, (key, value) in rows:
-            kafka[(topic, offset)] = (key, value, topic, 0, offset, None, None)
-        return spark.createDataFrame([kafka[(t, o)] for t, o, _ in rows], columns)
-
-    def read_again(session, ranges):
-        return session.createDataFrame(
-            [r for (topic, offset), r in sorted(kafka.items())
-             if (topic, 0) in ranges and ranges[(topic, 0)][0] <= offset < ranges[(topic, 0)][1]], columns)
-
+    kafka = Kafka(spark, CHANGELOG_RECORDS)
+    records, read_again = kafka.records, kafka.read_again
     txn = mirrors.transactions.TRANSACTIONS_TOPIC
     log = changelog.ChangelogBatch(settings, fencing.take(spark, settings, changelog.NAME, []), read_again)
     apply = mirrors.MirrorBatch(settings, fencing.take(spark, settings, mirrors.NAME, []), lambda: {},
