@@ -56,7 +56,10 @@ from sync.streaming.stream import Ranges
 TRANSACTIONS_TOPIC = f"{TOPIC_PREFIX}.transaction"
 XID = "_lakesync_xid"  # a record's source transaction (null: a snapshot read, or no metadata)
 END = "_lakesync_end"  # an END record's value (null for every other record)
-KEPT_FILES = 20  # per-batch files kept (status and `wait` read the last committed batch's)
+# Per-batch files kept: as many as Spark keeps of the query's own offsets log
+# (spark.sql.streaming.minBatchesToRetain, 100), so what a batch held is known as long as
+# what it read (status, `wait` and a replay read the last batches' own).
+KEPT_FILES = 100
 
 
 def with_boundaries(pattern: str) -> str:

@@ -63,7 +63,7 @@ def versions_of_transactions(spark, path: str, first: int) -> dict[int, set[int]
 
 
 def test_run_once_processes_what_is_there_and_exits(stack, app_db, db, synced, spark):
-    lakesync("wait", "mirror.accounts", check=True)  # what other tests wrote to accounts is applied
+    lakesync("wait", check=True)  # what other tests wrote is applied: the catch-up below is this test's
     assert stop_background(stack, timeout=60), "the session's runner is not running"
     accounts = str(mirrors.mirror_path(stack, "accounts"))
     first = latest_version(accounts) + 1
