@@ -159,8 +159,9 @@ def _common_place(kept: dict[str, list[Point]], after: int | None, at_most: int)
     # place all of them share is at_most or one of those ranges' ends.
     ends = {at_most} | {p.offset for points in placed for p in points} | \
            {p.first - 1 for points in placed for p in points if p.first is not None}
+    places = [[p.offset for p in points] for points in placed]
     for place in sorted((e for e in ends if e <= at_most and (after is None or e > after)), reverse=True):
-        if all(_standing_at(points, [p.offset for p in points], place) for points in placed):
+        if all(_standing_at(points, offsets, place) for points, offsets in zip(placed, places)):
             return place
     return None
 
