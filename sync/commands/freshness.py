@@ -77,12 +77,11 @@ def wait(settings: Settings, timeout: float = 120.0, names: set[str] | None = No
     started = time.monotonic()
     deadline = started + timeout
     target_lsn = wal_position_and_touch(settings)
-    checked: float | None = None
+    checked = float("-inf")
     while True:
-        # A broken capture never catches up: say why now. Checked at least once, also when
-        # the committed offset is already past L: after a slot was dropped with the
-        # connector stopped, one CI run's barrier found it so and said fresh.
-        if checked is None or time.monotonic() - checked > 2:
+        # A broken capture never catches up: say why now. Checked before the offset, so at
+        # least once: a barrier once found the offset past L with the slot gone.
+        if time.monotonic() - checked > 2:
             checked = time.monotonic()
             with pg_connect(settings) as conn:
                 broken = capture.problems(settings, conn)
