@@ -2,11 +2,10 @@
 
 Runs after the other end-to-end files: it stops the session's runner and starts it
 again at the end, so the checkpoint is also shown to resume where it stopped. Its catch-up
-runs in small batches, so Kafka batches end inside source transactions: no version of
-the accounts' mirror, the changelog or the ledger may hold part of one
-(sync/cdc/transactions.py),
-and at every consistent point the mirrors agree with each other and with the ledger
-(sync/delta/points.py).
+runs in small batches, and one source transaction is larger than a batch, so Kafka batches
+end inside source transactions: no version of the accounts' mirror, the changelog or the
+ledger may hold part of one (sync/cdc/transactions.py), and at every consistent point the
+mirrors agree with each other and with the ledger (sync/delta/points.py).
 """
 
 import json
@@ -87,6 +86,11 @@ def test_run_once_processes_what_is_there_and_exits(stack, app_db, db, synced, s
         for n in CUSTOMERS:
             with session.begin():
                 bank.deposit(session, n, Decimal("500.0000"))
+        # One transaction of more changes than a batch may take from one topic (60 account
+        # updates, 60 postings > 40): some batch of every projection below ends inside it.
+        with session.begin():
+            for deposit in range(30):
+                bank.deposit(session, CUSTOMERS[deposit % len(CUSTOMERS)], Decimal("1.0000"))
     engine.dispose()
     assert bank_clients(stack, seed=7, clients=2, operations=15)["committed"] > 0
     app_db.execute("INSERT INTO products (id, sku, name, price) SELECT g, 'ONCE-' || g, 'once', g "
@@ -102,8 +106,9 @@ def test_run_once_processes_what_is_there_and_exits(stack, app_db, db, synced, s
     # Every version the catch-up made holds whole operations only: each currency's total
     # is Postgres' at every one, though batches of 40 records cut through operations.
     # (How many versions depends on how Spark shares each batch's 40 records among the
-    # topics, and a batch holds every transaction after one not yet whole: the check below
-    # that a batch did end inside an operation is what makes this one bite.)
+    # topics, and a batch holds every transaction after one not yet whole. Spark gives a
+    # topic at most the batch's 40, so the 60-change transaction above is always cut; the
+    # check below that a batch did end inside an operation shows it.)
     expected = currency_totals(db.execute("SELECT currency, balance FROM accounts").fetchall())
     versions = range(first, latest_version(accounts) + 1)
     for version in versions:
