@@ -24,6 +24,7 @@ from sync.delta.merge import ensure_table, table_properties
 from sync.errors import LakesyncError
 from sync.streaming.batch import Batch
 from sync.streaming.progress import Outcome, Steps
+from sync.streaming.spark import one_of
 
 CUSTOMER_WAIT_SECONDS = 600  # how long step 3 waits for the changelog to hold an account
 
@@ -152,7 +153,7 @@ class EventTimeBatch(Batch):
         if not maybe:
             return {}
         stored = {}  # (event ids are unique across the streams: uuids, order:N, payment:N)
-        for r in self._read(INPUTS).where(F.col("event_id").isin([e["event_id"] for e in maybe])).collect():
+        for r in self._read(INPUTS).where(one_of("event_id", [e["event_id"] for e in maybe])).collect():
             row = r.asDict()
             row["position"] = position_of(row)
             stored[(row["stream"], row["event_id"])] = row
@@ -274,7 +275,7 @@ class EventTimeBatch(Batch):
         stored: dict[int, dict] = {}
         payments: dict[int, list[dict]] = {}
         for r in self._read(INPUTS).where((F.col("stream") == COMMERCE_STREAM)
-                                          & F.col("order_id").isin(order_ids)).collect():
+                                          & one_of("order_id", order_ids)).collect():
             if r["kind"] == "order_placed":
                 stored[r["order_id"]] = r.asDict()
             else:

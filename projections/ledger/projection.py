@@ -71,6 +71,7 @@ from sync.outbox import sequence_table, topic
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
 from sync.streaming.progress import Outcome, Steps
+from sync.streaming.spark import one_of
 from sync.streaming.stream import Ranges, read_ranges, read_topics, run_batches
 
 NAME = "ledger"
@@ -292,7 +293,7 @@ class LedgerBatch(Batch):
         spark = commit.spark
         accounts = sorted({e["account"] for e in entries})
         updated = {r["account"]: (r["balance"], r["last_seq"]) for r in
-                   spark.read.format("delta").load(path).where(F.col("account").isin(accounts)).collect()}
+                   spark.read.format("delta").load(path).where(one_of("account", accounts)).collect()}
         currency = {}
         for entry in sorted(entries, key=lambda e: (e["account"], e["seq"])):
             balance, last_seq = updated.get(entry["account"], (Decimal(0), 0))

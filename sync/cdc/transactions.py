@@ -51,6 +51,7 @@ from pyspark.sql import functions as F
 from sync.cdc.ordering import position_columns
 from sync.config import TOPIC_PREFIX
 from sync.files import write_json_atomically
+from sync.streaming.spark import one_of
 from sync.streaming.stream import Ranges
 
 TRANSACTIONS_TOPIC = f"{TOPIC_PREFIX}.transaction"
@@ -278,7 +279,7 @@ def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
     if previous.ranges:
         again = read_again(records.sparkSession, previous.ranges).where(F.col("value").isNotNull())
         again = again.withColumn(XID, rule.xid()).withColumn(END, F.lit(None).cast("string"))
-        marked = marked.unionByName(again.where(F.col(XID).isin(sorted(previous.xids))).select(*marked.columns))
+        marked = marked.unionByName(again.where(one_of(XID, sorted(previous.xids))).select(*marked.columns))
     marked = (keep(marked) if keep else marked).localCheckpoint(eager=True)
     held = Held(through=previous.through)
     if whole and (_folder(checkpoint) / f"{batch_id}.json").is_file():
@@ -289,7 +290,7 @@ def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
         if whole:
             held = _decide(marked, previous, rule, until, align)
         write_held(checkpoint, batch_id, held)
-    applicable = ~F.col(XID).isin(sorted(held.xids)) if held.xids else F.lit(True)
+    applicable = ~one_of(XID, sorted(held.xids)) if held.xids else F.lit(True)
     return marked.where(~boundary & (F.col(XID).isNull() | applicable)).drop(XID, END), held
 
 

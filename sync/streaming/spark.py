@@ -1,4 +1,4 @@
-"""The Spark session: local jars only, Delta enabled, UTC, small shuffles.
+"""The Spark session: local jars only, Delta enabled, UTC, small shuffles; and `one_of`.
 
 Every jar comes from build/jvm/spark (resolved ahead of time by Maven); a jar whose
 artifact pyspark already ships is left out, so one version of each library is loaded.
@@ -22,9 +22,13 @@ import sys
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
 
 from sync.config import Settings
 from sync.errors import StackError
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
 
 _VERSION = re.compile(r"-\d[\w.\-]*\.jar$")
 
@@ -189,7 +193,21 @@ def archive_classes(settings: Settings) -> Path:
     return archive
 
 
+def one_of(column: str, values: Iterable[str | int]) -> Column:
+    """`column IN (values)` (strings or integers), built as one SQL expression: PySpark's
+    `isin` makes one call into the JVM per value, a third of a millisecond each (7 s for
+    the 21,600 source transactions one catch-up batch held)."""
+    from pyspark.sql import functions as F
+
+    literals = [str(v) if isinstance(v, int) else "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+                for v in values]
+    if not literals:
+        return F.lit(False)
+    return F.expr(f"`{column.replace('`', '``')}` IN ({', '.join(literals)})")
+
+
 if __name__ == "__main__":  # make jars
     from sync.config import load
 
     print(f"class archive: {archive_classes(load())}")
+

@@ -1,4 +1,6 @@
-"""The Spark session every command and test starts: it maps the class archive `make jars` wrote."""
+"""The Spark session every command and test starts (it maps the class archive `make jars` wrote), and `one_of`."""
+
+import time
 
 import pytest
 
@@ -53,3 +55,19 @@ def test_the_lake_is_written_without_a_process_per_file_as_hadoop_would(spark, t
     spark.range(3).write.format("delta").save(table)
     spark.range(3, 5).write.format("delta").mode("append").save(table)
     assert sorted(r.id for r in spark.read.format("delta").load(table).collect()) == [0, 1, 2, 3, 4]
+
+
+def test_one_of_selects_what_isin_selects_built_in_one_call(spark):
+    rows = spark.createDataFrame([("it's",), ("back\\slash",), ("plain",), (None,), ("'; DROP",)], "v string")
+    for wanted in (["it's", "back\\slash"], ["'; DROP", "absent"], []):
+        assert sorted(r.v for r in rows.where(spark_session.one_of("v", wanted)).collect()) == \
+            sorted(r.v for r in rows.where(rows.v.isin(wanted)).collect()), wanted
+    numbers = spark.range(10)
+    assert [r.id for r in numbers.where(spark_session.one_of("id", [3, 7, 11])).collect()] == [3, 7]
+    assert numbers.where(~spark_session.one_of("id", [])).count() == 10
+    # Thousands of values, as a batch may hold, in well under the seconds isin takes.
+    many = [str(n) for n in range(20_000)]
+    started = time.monotonic()
+    condition = spark_session.one_of("v", many)
+    assert time.monotonic() - started < 1
+    assert rows.where(condition).count() == 0
