@@ -11,9 +11,9 @@ Target: <lake>/changelog, an append-only Delta table (`delta.appendOnly=true`): 
         Kafka compaction removes a key's older versions from its topic; the changelog
         keeps them, so history-needing projections (SCD2, audit) read it, not Kafka.
 Apply:  per batch: 1. the changes of whole source transactions (the rest held, written
-        down before any commit); 2. one append, tagged txnAppId `changelog` / txnVersion =
-        batch id, so a replayed batch adds nothing; fenced like every commit
-        (sync/delta/commit.py); 3. publish the changelog's consistent point: its version,
+        down before any commit); 2. one append (none without a change), tagged txnAppId
+        `changelog` / txnVersion = batch id, so a replayed batch adds nothing; fenced like
+        every commit (sync/delta/commit.py); 3. publish the changelog's consistent point: its version,
         at the source transaction the batch applied through (sync/delta/points.py). The
         mirrors and the ledger stop their batches where it stands (`FOLLOW_ORDER` in
         sync/commands/snapshot.py).
@@ -140,12 +140,18 @@ class ChangelogBatch(Batch):
                                        self.transaction_rule, self.read_again, self.settings.whole_transactions,
                                        keep=as_rows, until=self.settings.transactions_until, align=self.align)
         steps.done("read")
-        commit.append(rows.drop(*kept), path)
+        # No version for a batch with no change to append (an idle source's: the
+        # connector's heartbeat transactions, every 5 s): an empty append still commits,
+        # checks its transaction id (4 Spark jobs) and gives the views a batch.
+        appended = 0
+        if not rows.isEmpty():
+            commit.append(rows.drop(*kept), path)
+            appended = rows_added(path)
         steps.done("append")
         if self.settings.whole_transactions:  # 3.
             points.publish(catalog.root(self.settings, NAME), NAME, commit.batch_id, held,
                            points.tables_now(PROJECTION.targets(self.settings)))
-        return Outcome(applied={NAME: rows_added(path)}, held_transactions=len(held.xids))
+        return Outcome(applied={NAME: appended}, held_transactions=len(held.xids))
 
 
 class Changelog(Projection):

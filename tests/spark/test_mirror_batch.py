@@ -872,9 +872,12 @@ def test_the_changelog_appends_whole_source_transactions_only(spark, settings):
                [(TOPIC, 2, _in_transaction(event("d", 2, 50, 52), 50, 52)),
                 (TOPIC, 3, _in_transaction(event("c", 3, 60, 61, "c", "3.00"), 60, 61))]]
     expected = [[(0, "c", 40)], [(0, "c", 40)], [(0, "c", 40), (1, "c", 50), (2, "d", 50), (3, "c", 60)]]
+    versions = []
     for batch_id, (rows, appended) in enumerate(zip(batches, expected)):
         apply(records(rows), batch_id)
         assert logged() == appended, f"batch {batch_id}"
+        versions.append(latest_version(path))
+    assert versions[1] == versions[0] < versions[2]  # nothing whole to append: no version
     apply(records(batches[-1]), 2)  # replayed: it reads what the batch before held, and appends nothing
     assert logged() == expected[-1]
 
