@@ -13,10 +13,10 @@ Target: <lake>/changelog, an append-only Delta table (`delta.appendOnly=true`): 
 Apply:  per batch: 1. the changes of whole source transactions (the rest held, written
         down before any commit); 2. one append (none without a change), tagged txnAppId
         `changelog` / txnVersion = batch id, so a replayed batch adds nothing; fenced like
-        every commit (sync/delta/commit.py); 3. publish the changelog's consistent point: its version,
-        at the source transaction the batch applied through (sync/delta/points.py). The
-        mirrors and the ledger stop their batches where it stands (`FOLLOW_ORDER` in
-        sync/commands/snapshot.py).
+        every commit (sync/delta/commit.py); 3. publish the changelog's consistent point:
+        its version, at the source transaction the batch applied through, unless fenced
+        (sync/delta/points.py). The mirrors and the ledger stop their batches where it
+        stands (`FOLLOW_ORDER` in sync/commands/snapshot.py).
         Kafka tombstones (null values) carry no change and are not kept. A record that
         is not a change event is kept too, with null op and images: the changelog holds
         what was received, and the mirrors send such records to the dead letters.
@@ -150,7 +150,7 @@ class ChangelogBatch(Batch):
         steps.done("append")
         if self.settings.whole_transactions:  # 3.
             points.publish(catalog.root(self.settings, NAME), NAME, commit.batch_id, held,
-                           points.tables_now(PROJECTION.targets(self.settings)))
+                           points.tables_now(PROJECTION.targets(self.settings)), self.fence)
         return Outcome(applied={NAME: appended}, held_transactions=len(held.xids))
 
 

@@ -309,7 +309,8 @@ class MirrorBatch(Batch):
         stopped = set(outcome.stopped) | {name for name, state in self.progress.state.get("tables", {}).items()
                                           if state.get("stopped") and name not in outcome.applied}
         points.publish(catalog.root(self.settings, NAME), NAME, batch_id, held,
-                       points.tables_now([t for t in PROJECTION.targets(self.settings) if t.state_key not in stopped]))
+                       points.tables_now([t for t in PROJECTION.targets(self.settings) if t.state_key not in stopped]),
+                       self.fence)
 
     def _table(self, commit: BatchCommit, records: DataFrame, row) -> "TableResult":
         """Step 2 for one table, on `commit`'s session. A table Spark or Delta refuses (an

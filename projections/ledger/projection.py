@@ -263,7 +263,7 @@ class LedgerBatch(Batch):
         dead = deadletters.write(commit, self.settings, gated, errors)
         if self.settings.whole_transactions:  # 5.
             points.publish(catalog.root(self.settings, NAME), NAME, commit.batch_id, held,
-                           points.tables_now(PROJECTION.targets(self.settings)))
+                           points.tables_now(PROJECTION.targets(self.settings)), self.fence)
         return Outcome(applied={NAME: len(new), "balances": len({e["account"] for e in touched})},
                        dead_letters={NAME: dead} if dead else {}, held_transactions=len(held.xids))
 

@@ -40,6 +40,7 @@ from typing import Callable
 from sync.cdc.transactions import Held, decided
 from sync.config import Settings
 from sync.delta import catalog
+from sync.delta.fencing import Fence
 from sync.delta.merge import latest_version
 from sync.files import write_json_atomically
 from sync.projection import Target
@@ -82,8 +83,11 @@ def tables_now(targets: list[Target]) -> dict[str, dict]:
     return {t.name: {"path": t.table, "version": latest_version(t.table)} for t in targets}
 
 
-def publish(root: Path, projection: str, batch: int, held: Held, tables: dict[str, dict]) -> Point:
-    """Write batch `batch`'s point: `tables` as they stand, applied through `held.through`."""
+def publish(root: Path, projection: str, batch: int, held: Held, tables: dict[str, dict], fence: Fence) -> Point:
+    """Write batch `batch`'s point: `tables` as they stand, applied through `held.through`.
+    Not for a fenced run (a zombie): a batch that applied nothing passed no commit's fence,
+    and the versions it would name may be a newer run's, ahead of its place."""
+    fence.check()
     through = held.through
     point = Point(batch=batch, lsn=through.lsn if through else None,
                   committed_at=_iso(through.ts_ms / 1000) if through else None,

@@ -210,4 +210,3 @@ if __name__ == "__main__":  # make jars
     from sync.config import load
 
     print(f"class archive: {archive_classes(load())}")
-

@@ -2,8 +2,12 @@
 
 import time
 
+import pytest
+
 from sync.cdc.transactions import End, Held, write_held
+from sync.delta.fencing import Fence
 from sync.delta.points import Point, consistent, follow, published, publish
+from sync.errors import Fenced
 
 
 def point(batch, offset, first, table):
@@ -44,19 +48,37 @@ def test_one_projection_alone_stands_at_each_of_its_points_and_one_without_point
     assert consistent({"mirrors": [], "ledger": []}) == []
 
 
+def run(tmp_path, epoch):
+    """A run of the ledger holding `epoch` (its registry folder holds the epochs taken)."""
+    (tmp_path / "fencing").mkdir(exist_ok=True)
+    (tmp_path / "fencing" / f"{epoch:012d}").touch()
+    return Fence("ledger", epoch, tmp_path / "fencing")
+
+
 def test_points_are_published_per_batch_and_read_back(tmp_path):
     held = Held(through=End(7, {}, 900, 1_795_700_773_098), first=5)
-    publish(tmp_path, "ledger", 3, held, {"ledger": {"path": "/lake/ledger", "version": 4}})
-    publish(tmp_path, "ledger", 4, Held(), {"ledger": {"path": "/lake/ledger", "version": 4}})
+    publish(tmp_path, "ledger", 3, held, {"ledger": {"path": "/lake/ledger", "version": 4}}, run(tmp_path, 1))
+    publish(tmp_path, "ledger", 4, Held(), {"ledger": {"path": "/lake/ledger", "version": 4}}, run(tmp_path, 1))
     first, second = published(tmp_path, "ledger")
     assert (first.batch, first.offset, first.first, first.lsn) == (3, 7, 5, 900)
     assert first.committed_at == "2026-11-26T13:46:13.098000+00:00" and second.offset is None
 
 
+def test_a_fenced_run_publishes_no_point(tmp_path):
+    """A zombie's batch that applied nothing passed no commit's fence; the versions it
+    would name are the newer run's."""
+    zombie, newer = run(tmp_path, 1), run(tmp_path, 2)
+    publish(tmp_path, "ledger", 3, Held(through=End(7, {}, 900, 0)), {"ledger": {"version": 4}}, newer)
+    with pytest.raises(Fenced):
+        publish(tmp_path, "ledger", 3, Held(through=End(5, {}, 800, 0)), {"ledger": {"version": 6}}, zombie)
+    assert [(p.batch, p.offset) for p in published(tmp_path, "ledger")] == [(3, 7)]
+
+
 def leader_points(tmp_path, name, kept, decided=None):
     """A leader's published points, and the batch it has `decided` but not published."""
     for p in kept:
-        publish(tmp_path / name, name, p.batch, Held(through=End(p.offset, {}, p.lsn, 0), first=p.first), p.tables)
+        publish(tmp_path / name, name, p.batch, Held(through=End(p.offset, {}, p.lsn, 0), first=p.first), p.tables,
+                run(tmp_path, 1))
     if decided:
         batch, offset, first = decided
         write_held(tmp_path / name / "checkpoint", batch, Held(through=End(offset, {}, offset * 100, 0), first=first))
