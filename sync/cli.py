@@ -101,7 +101,7 @@ def cmd_snapshot(settings, args) -> int:
 
     from sync.commands import snapshot
 
-    point = snapshot.latest(settings)
+    point = snapshot.latest(settings, tuple(name.strip() for name in args.of.split(",") if name.strip()))
     print(json.dumps(asdict(point), indent=2) if args.json else snapshot.render(point))
     return 0
 
@@ -247,9 +247,12 @@ def parser() -> argparse.ArgumentParser:
     wait.add_argument("names", nargs="*", metavar="NAME", help="a projection or one of its targets")
     wait.add_argument("--timeout", type=float, default=180.0, metavar="S")
     wait.set_defaults(func=cmd_wait)
-    snapshot = sub.add_parser("snapshot", help="the latest consistent point: the mirrors', the ledger's and the "
-                                               "changelog's Delta versions at one source transaction")
+    snapshot = sub.add_parser("snapshot", help="the latest consistent point: every projection's Delta versions "
+                                               "(mirrors, ledger, changelog, views, event time) at one source "
+                                               "transaction")
     snapshot.add_argument("--json", action="store_true")
+    snapshot.add_argument("--of", default="", metavar="PROJECTION,...",
+                          help="only these projections (and those they read): a fresher point")
     snapshot.set_defaults(func=cmd_snapshot)
     verify = sub.add_parser("verify", help="compare every projection with its Postgres oracle")
     verify.add_argument("--json", action="store_true")

@@ -10,11 +10,12 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from projections import derived
 from projections.changelog import changelog_path
 from projections.event_time import rules as eventtime
 from projections.event_time.tables import (COMMERCE_STREAM, HOURLY, INPUTS, LATE, LEDGER, MISSING, NAME, ORDERS,
                                            POSITION, SESSIONS, SETTING_PROPERTIES, SLIDING, STATE_KEY, VIEWS, View,
-                                           commerce_event, path, position_of)
+                                           POSTING, commerce_event, path, position_of, targets)
 from sync.config import Settings
 from sync.delta import deadletters
 from sync.delta.commit import BatchCommit
@@ -69,8 +70,15 @@ class EventTimeBatch(Batch):
         spark = self.spark = commit.spark
         # Step 1: read and parse.
         rows = batch.collect()
-        if not rows:
-            return None  # a metadata-only version of an input (a fencing stamp): nothing to do
+        # The postings from the ledger as of a point of its own, not from its stream
+        # (projections/derived.py), so that the tables stand at a place.
+        read = derived.reading(self.settings, NAME, commit.batch_id, mirrors=[])
+        if read is not None:
+            rows = [r for r in rows if r["stream"] != LEDGER] + derived.entries(spark, read).select(
+                F.lit(LEDGER).alias("stream"), *POSTING, *POSITION).collect()
+        if not rows:  # a metadata-only version of an input (a fencing stamp): nothing to do
+            derived.publish(self.settings, NAME, commit.batch_id, read, targets(self.settings), self.fence)
+            return None  # (the tables stand where those versions are too)
         events, errors = [], []
         for r in rows:
             event = {c: None for c in INPUTS.columns}
@@ -136,6 +144,7 @@ class EventTimeBatch(Batch):
         # crash between its commit and this record inserts nothing, and counts right).
         held = {STATE_KEY[LATE.table]: self._read(LATE).count()} if late else {}
         steps.done(LATE.table)
+        derived.publish(self.settings, NAME, commit.batch_id, read, targets(self.settings), self.fence)
         return Outcome(applied={STATE_KEY[t]: n for t, n in applied.items()},
                        dead_letters={STATE_KEY[INPUTS.table]: dead} if dead else {}, late_events=held,
                        watermarks={s: c.watermark(self.delay).isoformat() + "Z" for s, c in self.clocks.items()})

@@ -19,8 +19,9 @@ Target: under <lake>/event_time (one catalog generation, rebuilt and swapped who
 Apply:  per batch, on the driver (batches of events are small), in order; each write is
         its own commit tagged txnAppId `event_time:<table>` / batch id, so a replayed
         batch changes nothing:
-          1. Read the batch; an order or payment row that does not parse goes to the
-             dead letters.
+          1. Read the batch, the postings from the ledger as of a point of its own
+             (projections/derived.py: its stream only starts batches); an order or
+             payment row that does not parse goes to the dead letters.
           2. Replays: an event `inputs` already holds keeps its stamp (a crash replays
              the batch; a second insert of an order id is not a new order).
           3. The customer of each new posting's account, from the changelog's account
@@ -45,15 +46,19 @@ Oracle: "streaming equals batch": `check` recomputes every table in Spark batch 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from projections.event_time import oracle
 from projections.event_time.batch import EventTimeBatch
-from projections.event_time.tables import COMMERCE, COMMERCE_STREAM, KIND, LEDGER, NAME, POSITION, VIEWS, path, source
+from projections.event_time.tables import (COMMERCE, COMMERCE_STREAM, KIND, LEDGER, NAME, POSITION, POSTING,
+                                           source, targets)
 from sync.compare import Report
 from sync.config import Settings
+from sync.delta import catalog, points
 from sync.delta.fencing import Fence
 from sync.projection import DeltaTables, Projection, Target
 from sync.streaming.stream import at_or_after, run_batches, start_offsets
@@ -71,9 +76,11 @@ class EventTime(Projection):
         return source(settings)
 
     def targets(self, settings: Settings) -> list[Target]:
-        sources = {"inputs": "ledger, changelog", "order_payments": "orders, payments"}
-        return [Target(name=v.target, kind=v.kind, table=path(settings, v.table), keys=v.keys,
-                       source=sources.get(v.table, "event_time.inputs")) for v in VIEWS]
+        return targets(settings)
+
+    def state_paths(self, settings: Settings) -> list[Path]:
+        """Event time's points (sync/delta/points.py): they name its tables' versions."""
+        return [points.folder(catalog.root(settings, NAME), NAME)]
 
     def check(self, settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
         return oracle.check(settings, spark, target)
@@ -85,8 +92,7 @@ class EventTime(Projection):
                     .where(at_or_after(start_offsets(settings), "_topic", "_partition", "_offset"))
                     .select(F.lit(COMMERCE_STREAM).alias("stream"), "table", "key", "after", *POSITION))
         postings = (spark.readStream.format("delta").load(ledger)
-                    .select(F.lit(LEDGER).alias("stream"), "event_id", "account", "amount", "currency",
-                            "event_time", *POSITION))
+                    .select(F.lit(LEDGER).alias("stream"), *POSTING, *POSITION))
         records = commerce.unionByName(postings, allowMissingColumns=True)
         return run_batches(records, NAME, EventTimeBatch(settings, fence), settings, once)
 

@@ -11,13 +11,14 @@ from projections.changelog import changelog_path
 from projections.ledger import ledger_path
 from sync.config import Settings
 from sync.delta import catalog
-from sync.projection import DeltaTables, state_key
+from sync.projection import DeltaTables, Target, state_key
 
 NAME = "event_time"
 KIND = "event time"
 COMMERCE = ["public.orders", "public.payments"]
 LEDGER, COMMERCE_STREAM = "ledger", "commerce"
 POSITION = ["_commit_lsn", "_lsn", "_topic", "_partition", "_offset"]
+POSTING = ["event_id", "account", "amount", "currency", "event_time"]  # a ledger entry's columns read
 MISSING = [-1, -1, "", -1, -1]
 
 INPUTS_SCHEMA = ("stream string, event_id string, kind string, account bigint, customer_id bigint, "
@@ -79,6 +80,12 @@ FROM orders o LEFT JOIN LATERAL (
 def path(settings: Settings, table: str) -> str:
     return str(catalog.root(settings, NAME) / "event_time" / table)
 
+
+
+def targets(settings: Settings) -> list[Target]:
+    sources = {"inputs": "ledger, changelog", "order_payments": "orders, payments"}
+    return [Target(name=v.target, kind=v.kind, table=path(settings, v.table), keys=v.keys,
+                   source=sources.get(v.table, "event_time.inputs")) for v in VIEWS]
 
 
 def source(settings: Settings) -> DeltaTables:

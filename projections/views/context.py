@@ -7,9 +7,12 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from projections.mirrors import mirror_path
+from projections.ledger import ledger_path
+from projections.ledger.projection import NAME as LEDGER
+from projections.mirrors import target as mirror_target
 from sync.config import Settings
 from sync.delta.commit import BatchCommit
+from sync.delta.merge import table_exists
 
 
 @dataclass(frozen=True)
@@ -26,17 +29,18 @@ class Contents:
 
 class Context:
     """What one batch hands each view: the session, the batch's commit, its changes and
-    entries, what it holds (`contents`), and the mirrors and views as they stand (read
-    fresh at each call).
+    entries, what it holds (`contents`), the mirrors and the ledger as of the versions the
+    batch reads them at (`pins`, projections/derived.py; one not pinned: as it stands at
+    each call), and the views as they stand.
 
     Every view is a module with `NAME`, `path`, `targets` and `ensure`; the views
     projection (projection.py) runs their steps in its order, each committing through
     `commit` with txnAppId `views:<NAME>`."""
 
     def __init__(self, commit: BatchCommit, settings: Settings, changes: DataFrame, entries: DataFrame,
-                 contents: Contents):
+                 contents: Contents, pins: dict[str, dict] | None):
         self.commit, self.spark, self.settings = commit, commit.spark, settings
-        self.changes, self.entries, self.contents = changes, entries, contents
+        self.changes, self.entries, self.contents, self.pins = changes, entries, contents, pins or {}
         self.history_changed: DataFrame | None = None   # set by customer_history: id, first new position
         self.orders_changed: DataFrame | None = None    # set by order_docs: customer ids old and new
         self.docs_after: DataFrame | None = None        # set by order_docs: documents once written
@@ -51,11 +55,24 @@ class Context:
     def mirror(self, table: str, columns: str) -> DataFrame:
         """The mirror's `columns` (a DDL list, provenance included as needed); empty when
         the table has had no row yet (no mirror is created before its first change)."""
-        path = mirror_path(self.settings, table)
         wanted = self.spark.createDataFrame([], columns)
-        if not (path / "_delta_log").is_dir():
+        pinned = self.pins.get(mirror_target(self.settings, table).name)
+        if pinned is not None:
+            if pinned["version"] is None:
+                return wanted
+            return self._as_of(pinned).select(*wanted.columns)
+        path = mirror_target(self.settings, table).table
+        if not table_exists(path):
             return wanted
-        return self.spark.read.format("delta").load(str(path)).select(*wanted.columns)
+        return self.spark.read.format("delta").load(path).select(*wanted.columns)
+
+    def ledger(self) -> DataFrame:
+        """The ledger as of the version the batch read its entries through."""
+        pinned = self.pins.get(LEDGER)
+        return self._as_of(pinned) if pinned else self.view(ledger_path(self.settings))
 
     def view(self, path: str) -> DataFrame:
         return self.spark.read.format("delta").load(path)
+
+    def _as_of(self, table: dict) -> DataFrame:
+        return self.spark.read.format("delta").option("versionAsOf", table["version"]).load(table["path"])

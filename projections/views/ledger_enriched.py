@@ -91,7 +91,7 @@ def apply(context: Context) -> int:
     if not (context.contents.entries or context.history_changed is not None or context.holds("accounts")):
         return 0  # no entry is new or re-enriched
     spark = context.spark
-    ledger = context.view(ledger_path(context.settings))
+    ledger = context.ledger()
     accounts = _accounts(context)
     since = []  # (account, commit LSN, LSN): re-enrich this account's entries from there on
     if context.history_changed is not None:

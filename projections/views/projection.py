@@ -2,7 +2,8 @@
 
 Input:  two append-only Delta tables, read as streams and unioned: the bronze changelog
         (projections/changelog.py; the changes of customers, orders, order_items and
-        accounts) and the ledger (projections/ledger/; new entries). Neither is ever
+        accounts) and the ledger (projections/ledger/; new entries, read at a point of
+        the ledger's: its stream only starts batches, step 1). Neither is ever
         compacted, so a rebuild from version zero sees every version of every row.
 Key:    per view (see each module): customer id and valid-from position, order id,
         customer id, event id.
@@ -20,6 +21,10 @@ Apply:  per batch, in order (each step commits on its own, tagged txnAppId
           1. Wait until the mirrors have applied every Kafka record the batch's changelog
              rows came from: the table-table views read the mirrors for the current state
              of the keys a change touches, and must not read them before the change.
+             Then decide what the batch reads (projections/derived.py): the mirrors and
+             the ledger as of points where they stand with the changelog version read,
+             and the ledger's new entries from there, not from the ledger's stream; the
+             views' point, published after step 6, names those versions.
           2. customer_history: the batch's customer changes become versions.
           3. ledger_enriched: the batch's new entries, and the entries a new customer
              version or account change may re-enrich, joined with the history.
@@ -43,21 +48,24 @@ Oracle: each view's defining SQL on Postgres (order_docs, customer_order_summary
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from projections import derived
 from projections.changelog import changelog_path
 from projections.ledger import ledger_path
 from projections.mirrors import NAME as MIRRORS
+from projections.mirrors import target as mirror_target
 from projections.views import customer_history, customer_order_summary, ledger_enriched, order_docs
 from projections.views.context import Contents, Context
 from sync import search
 from sync.cdc.ordering import spark_order
 from sync.compare import Report
 from sync.config import Settings
-from sync.delta import catalog
+from sync.delta import catalog, points
 from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
 from sync.errors import LakesyncError
@@ -96,6 +104,10 @@ class Views(Projection):
             return order_docs.check_index(settings, conn, target)
         return ledger_enriched.check(settings, spark, conn, target)
 
+    def state_paths(self, settings: Settings) -> list[Path]:
+        """The views' points (sync/delta/points.py): they name their tables' versions."""
+        return [points.folder(catalog.root(settings, NAME), NAME)]
+
     def reset(self, settings: Settings) -> None:
         """After a resnapshot (sync/commands/resnapshot.py) the views rebuild from the new
         snapshot on, and the search index goes with them. A snapshot read has no commit
@@ -127,6 +139,7 @@ class ViewsBatch(Batch):
 
     def __init__(self, settings: Settings, fence: Fence):
         super().__init__(NAME, settings, fence)
+        self.mirrors = [mirror_target(settings, table.removeprefix("public.")) for table in TABLES]  # read by the views
 
     def open(self, spark: SparkSession) -> None:
         for view in VIEWS:
@@ -141,18 +154,29 @@ class ViewsBatch(Batch):
                   .agg(F.max("_offset").alias("last"), F.max(F.struct("_commit_lsn", "_lsn")).alias("high"))
                   .collect())
         reach = [g for g in groups if g["kind"] == "change"]
-        contents = Contents(tables=frozenset(g["table"].removeprefix("public.") for g in reach),
-                            entries=any(g["kind"] == "entry" for g in groups),
-                            high=max((tuple(g["high"]) for g in reach), key=spark_order, default=None))
-        if not reach and not contents.entries:
-            return None  # a metadata-only version of an input (a fencing stamp): nothing to do
         steps.done("read")
         self._wait_for_mirrors({(r["_topic"], r["_partition"]): r["last"] + 1 for r in reach})
         steps.done("wait_for_mirrors")
-        entries = records.where("kind = 'entry'").select("event_id", "account", "_commit_lsn", "_lsn")
+        # What the batch reads at which versions (projections/derived.py): the entries
+        # from the ledger as of a point of its own, else from its stream.
+        read = derived.reading(self.settings, NAME, commit.batch_id, self.mirrors)
+        if read is None:
+            entries = records.where("kind = 'entry'")
+            has_entries = any(g["kind"] == "entry" for g in groups)
+        else:
+            entries = derived.entries(commit.spark, read).localCheckpoint()
+            has_entries = not entries.isEmpty()
+        steps.done("reading")
+        entries = entries.select("event_id", "account", "_commit_lsn", "_lsn")
+        contents = Contents(tables=frozenset(g["table"].removeprefix("public.") for g in reach), entries=has_entries,
+                            high=max((tuple(g["high"]) for g in reach), key=spark_order, default=None))
+        pins = read.pins if read else None
+        if not reach and not contents.entries:  # a metadata-only version of an input (a fencing stamp)
+            derived.publish(self.settings, NAME, commit.batch_id, read, PROJECTION.targets(self.settings), self.fence)
+            return None  # (the views stand where those versions are too)
 
         def customers_chain(chain: BatchCommit) -> tuple[dict, Steps]:  # steps 2-3
-            context, chain_steps = Context(chain, self.settings, changes, entries, contents), Steps()
+            context, chain_steps = Context(chain, self.settings, changes, entries, contents, pins), Steps()
             applied = {customer_history: customer_history.apply(context)}
             chain_steps.done(customer_history.NAME)
             applied[ledger_enriched] = ledger_enriched.apply(context)
@@ -160,7 +184,7 @@ class ViewsBatch(Batch):
             return applied, chain_steps
 
         def orders_chain(chain: BatchCommit) -> tuple[dict, Steps]:  # steps 4-6
-            context, chain_steps = Context(chain, self.settings, changes, entries, contents), Steps()
+            context, chain_steps = Context(chain, self.settings, changes, entries, contents, pins), Steps()
             documents = order_docs.prepare(context)
             chain_steps.done("order_docs_prepare")
             applied = {customer_order_summary: customer_order_summary.apply(context)}
@@ -174,6 +198,7 @@ class ViewsBatch(Batch):
             applied.update(chain_applied)
             steps.add(chain_steps)
         steps.done("views")
+        derived.publish(self.settings, NAME, commit.batch_id, read, PROJECTION.targets(self.settings), self.fence)
         # Recorded under the key `status` reads each view's target by (history.customers: customers).
         return Outcome(applied={view.targets(self.settings)[0].state_key: rows for view, rows in applied.items()})
 

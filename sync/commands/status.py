@@ -106,7 +106,7 @@ def collect(settings: Settings) -> dict[str, Any]:
                     "oldest_held": next((h.oldest() for h in held.values() if h.xids), None),
                     "held_by": {name: len(h.xids) for name, h in held.items()},
                     # the consistent point `lakesync snapshot` prints, without its tables
-                    "point": {k: v for k, v in asdict(found[-1]).items() if k not in ("tables", "first")}
+                    "point": {k: v for k, v in asdict(found[-1]).items() if k not in ("tables", "first", "inputs")}
                     if found else None}
     return {"components": components, "slot_lag_bytes": slot_lag, "projections": projections,
             "transactions": transactions}

@@ -260,6 +260,10 @@ def deletion_vectors_if_copying(spark: SparkSession, path: str) -> None:
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')")
 
 
+def table_exists(path: str) -> bool:
+    return (Path(path) / "_delta_log").is_dir()
+
+
 def latest_version(path: str) -> int:
     """The table's latest version, from its log's files: from the last checkpoint on (at
     most a checkpoint interval of files to probe), not by listing the whole log."""

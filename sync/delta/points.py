@@ -22,9 +22,17 @@ leaders stands, or will once the batch it has decided commits (a leader's decisi
 written before its commits, and a replay keeps it), and holds the transactions after
 that place for its next batch. It waits, briefly, only for a leader about to decide.
 
+The projections fed by these tables (the views, event time) have no place of their own:
+a batch reads the changelog through whole versions, and the ledger and the mirrors as of
+their points where the changelog stands at that version (`meet`; projections/derived.py),
+so its tables then hold exactly what those versions hold. Their points are derived: each
+names the versions its batch read (`inputs`), and the projection stands at every place
+where each of those tables is at that version (`consistent`).
+
 Each projection's point is one small JSON file, <root>/_points/<projection>/<batch>.json,
 written atomically after the batch's commits; the last POINTS_KEPT stay. A batch
-replayed after a crash writes its point again, with the same versions.
+replayed after a crash writes its point again, with the same versions (a derived
+projection decides what it reads before its commits, and a replay keeps that: `decision`).
 """
 
 from __future__ import annotations
@@ -63,6 +71,9 @@ class Point:
     tables: dict[str, dict]     # target name -> {"path": ..., "version": ...}
     offset: int | None = None   # that transaction's place in commit order (its END's offset)
     first: int | None = None    # the place of the first transaction concerning the tables this batch applied
+    # A derived projection's (no place of its own): table name -> {"path", "version"} of
+    # every table its batch read; version None: the table did not exist.
+    inputs: dict[str, dict] | None = None
 
 
 def folder(root: Path, projection: str) -> Path:
@@ -83,21 +94,41 @@ def tables_now(targets: list[Target]) -> dict[str, dict]:
     return {t.name: {"path": t.table, "version": latest_version(t.table)} for t in targets}
 
 
-def publish(root: Path, projection: str, batch: int, held: Held, tables: dict[str, dict], fence: Fence) -> Point:
-    """Write batch `batch`'s point: `tables` as they stand, applied through `held.through`.
+def publish(root: Path, projection: str, batch: int, held: Held | None, tables: dict[str, dict], fence: Fence,
+            inputs: dict[str, dict] | None = None) -> Point:
+    """Write batch `batch`'s point: `tables` as they stand, applied through `held.through`
+    (or, for a derived projection, held None: computed from `inputs`).
     Not for a fenced run (a zombie): a batch that applied nothing passed no commit's fence,
     and the versions it would name may be a newer run's, ahead of its place."""
     fence.check()
-    through = held.through
+    through = held.through if held else None
     point = Point(batch=batch, lsn=through.lsn if through else None,
                   committed_at=_iso(through.ts_ms / 1000) if through else None,
                   published_at=_iso(time.time()), tables=tables,
-                  offset=through.offset if through else None, first=held.first)
+                  offset=through.offset if through else None, first=held.first if held else None, inputs=inputs)
     kept = folder(root, projection)
     write_json_atomically(kept / f"{batch}.json", asdict(point))
     for old in _batches(kept)[:-POINTS_KEPT]:
         (kept / f"{old}.json").unlink(missing_ok=True)
     return point
+
+
+def decision(root: Path, projection: str, batch: int, decide: Callable[[], dict] | None = None) -> dict | None:
+    """A derived projection's decision for batch `batch` (what it reads, at which
+    versions): `decide()`'s, written before the batch commits anything, or the one its
+    first attempt wrote (a replay reads what the commits it skips were computed from).
+    Without `decide`: the decision written, if any."""
+    kept = folder(root, projection) / "decisions"
+    path = kept / f"{batch}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    if decide is None:
+        return None
+    made = decide()
+    write_json_atomically(path, made)
+    for old in _batches(kept)[:-POINTS_KEPT]:
+        (kept / f"{old}.json").unlink(missing_ok=True)
+    return made
 
 
 def _read(folder: Path, batch: int) -> Point:
@@ -130,22 +161,52 @@ def _standing_at(placed: list[Point], places: list[int], offset: int) -> Point |
     return point if after.first is None or offset < after.first else None
 
 
-def consistent(kept: dict[str, list[Point]]) -> list[Point]:
+def _read_at(tables: dict[str, dict], inputs: dict[str, dict]) -> tuple:
+    """Each input table's (path, version) where `tables` stand (None: not there)."""
+    return tuple((name, *((tables[name]["path"], tables[name]["version"]) if name in tables else (None, None)))
+                 for name in sorted(inputs))
+
+
+def _derived_index(points: list[Point]) -> dict[frozenset, dict[tuple, Point]]:
+    """A derived projection's points by the tables they read (their names, then their
+    paths and versions); of two that read the same, the later."""
+    index: dict[frozenset, dict[tuple, Point]] = {}
+    for point in points:
+        if point.inputs is not None:
+            read = tuple((name, point.inputs[name]["path"] if point.inputs[name]["version"] is not None else None,
+                          point.inputs[name]["version"]) for name in sorted(point.inputs))
+            index.setdefault(frozenset(point.inputs), {})[read] = point
+    return index
+
+
+def consistent(kept: dict[str, list[Point]], derived: dict[str, list[Point]] | None = None) -> list[Point]:
     """Every place, oldest first, where each projection's tables are known to stand (see
     the module docstring), as one point each: its tables are every projection's, each at
     its version there, and its batch the first projection's. `kept`: per projection, its
-    points oldest first (a projection that has published none is left out)."""
+    points oldest first (a projection that has published none is left out). `derived`:
+    the same for the projections whose points name their inputs instead of a place; one
+    stands where every table it read is at the version it read."""
     placed = {name: [p for p in points if p.offset is not None] for name, points in kept.items()}
     placed = {name: points for name, points in placed.items() if points}
     if not placed:
         return []
+    indexes = [_derived_index(points) for points in (derived or {}).values() if points]
     places = {name: [p.offset for p in points] for name, points in placed.items()}
     reached = min(offsets[-1] for offsets in places.values())
     by_place = {p.offset: p for points in placed.values() for p in points}
     found = []
     for place in sorted(offset for offset in by_place if offset <= reached):
         standing = [_standing_at(placed[name], places[name], place) for name in placed]
-        if all(standing):
+        if not all(standing):
+            continue
+        tables = {t: v for p in standing for t, v in p.tables.items()}
+        for index in indexes:
+            derived_there = [by_read[_read_at(tables, names)] for names, by_read in index.items()
+                             if _read_at(tables, names) in by_read]
+            if not derived_there:
+                break
+            standing.append(max(derived_there, key=lambda p: p.batch))
+        else:
             at = by_place[place]
             found.append(Point(batch=standing[0].batch, lsn=at.lsn, committed_at=at.committed_at,
                                published_at=max(p.published_at for p in standing),
@@ -153,9 +214,44 @@ def consistent(kept: dict[str, list[Point]]) -> list[Point]:
     return found
 
 
-def _common_place(kept: dict[str, list[Point]], after: int | None, at_most: int) -> int | None:
+def standing_where(kept: dict[str, list[Point]], table: str, version: int) -> dict[str, Point] | None:
+    """Per projection of `kept` (its points oldest first), its point at the latest place
+    where all of them stand and `table` is at `version`; None if there is none."""
+    def at_version(point: Point) -> bool:
+        return table not in point.tables or point.tables[table]["version"] == version
+    reached = max((p.offset for points in kept.values() for p in points if p.offset is not None), default=None)
+    place = None if reached is None else _common_place(kept, None, reached, accept=at_version)
+    if place is None:
+        return None
+    placed = {name: [p for p in points if p.offset is not None] for name, points in kept.items()}
+    return {name: _standing_at(points, [p.offset for p in points], place) for name, points in placed.items()}
+
+
+def meet(roots: dict[str, Path], table: str, version: int, wait_seconds: float) -> dict[str, Point] | None:
+    """`standing_where` over the points of the projections in `roots` (name -> root),
+    waiting up to `wait_seconds` for them to get where `table` is at `version`, but not
+    once `table` has moved on and every other one has gone past it without stopping there."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        kept = {name: published(root, name) for name, root in roots.items()}
+        found = standing_where(kept, table, version)
+        if found or time.monotonic() >= deadline:
+            return found
+        there = [p.offset for points in kept.values() for p in points
+                 if p.offset is not None and p.tables.get(table, {}).get("version") == version]
+        newest = {name: points[-1] for name, points in kept.items() if points}
+        owner = next((p for p in newest.values() if table in p.tables), None)
+        if not there or owner is None or len(newest) < len(roots) or (
+                owner.tables[table]["version"] != version
+                and all(p.offset is not None and p.offset >= max(there) for p in newest.values())):
+            return None
+        time.sleep(0.2)
+
+
+def _common_place(kept: dict[str, list[Point]], after: int | None, at_most: int,
+                  accept: Callable[[Point], bool] = lambda point: True) -> int | None:
     """The latest place in (after, at_most] where every projection of `kept` (points
-    oldest first) stands; None if there is none."""
+    oldest first) stands, at a point `accept` takes; None if there is none."""
     placed = [[p for p in points if p.offset is not None] for points in kept.values()]
     if not all(placed):
         return None
@@ -165,7 +261,8 @@ def _common_place(kept: dict[str, list[Point]], after: int | None, at_most: int)
            {p.first - 1 for points in placed for p in points if p.first is not None}
     places = [[p.offset for p in points] for points in placed]
     for place in sorted((e for e in ends if e <= at_most and (after is None or e > after)), reverse=True):
-        if all(_standing_at(points, offsets, place) for points, offsets in zip(placed, places)):
+        standing = [_standing_at(points, offsets, place) for points, offsets in zip(placed, places)]
+        if all(standing) and all(map(accept, standing)):
             return place
     return None
 

@@ -89,6 +89,24 @@ def processed_versions(checkpoint: Path, tables: list[str]) -> Offsets:
     return done
 
 
+def whole_versions_read(checkpoint: Path, batch: int, tables: dict[str, str]) -> dict[str, dict] | None:
+    """For a query streaming from Delta tables (`tables`: name -> path, in the order of
+    its sources): per table, its path and the last version batch `batch` has read whole,
+    counting the batches before it (-1: none yet); None if the batch ends inside a
+    version (a trigger's file limit) or in a table's first snapshot. A batch's offsets
+    are written before it runs."""
+    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()[2:]
+    if len(lines) < len(tables):
+        return None
+    read = {}
+    for (name, path), line in zip(tables.items(), lines):
+        offset = json.loads(line) if line.strip() not in ("", "-") else {}
+        if offset.get("index") != -1 or offset.get("isStartingVersion"):
+            return None
+        read[name] = {"path": path, "version": int(offset["reservoirVersion"]) - 1}
+    return read
+
+
 def input_ends(settings: Settings, projection: Projection) -> Offsets:
     """What a projection has to read: per Kafka topic partition the next offset, or per
     input Delta table (as partition 0) the next version."""

@@ -47,6 +47,12 @@ def test_unknown_command_is_a_clear_error():
     assert result.returncode == 2 and "invalid choice" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_snapshot_of_an_unknown_projection_is_a_clear_error():
+    result = lakesync("snapshot", "--of", "mirrors,nothing")
+    assert result.returncode == 2 and "--of: no projection named nothing" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_wait_for_one_projection_names_it_and_refuses_an_unknown_name(stack):
     result = lakesync("wait", "mirror.customers", "--timeout", "120", check=True)
     assert "fresh: mirrors reflects Postgres" in result.stdout, result.stdout

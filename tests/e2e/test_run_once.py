@@ -72,7 +72,7 @@ def test_run_once_processes_what_is_there_and_exits(stack, app_db, db, synced, s
     first_entries = latest_version(entries) + 1
     log = changelog.changelog_path(stack)
     first_logged = latest_version(log) + 1
-    before = snapshot.published(stack)
+    before = snapshot.published(stack, of=snapshot.PUBLISHERS)
 
     engine = bank.engine(config.role_dsn(stack, config.ROLES["app"]))
     with Session(engine) as session, session.begin():  # every operation double-entry, one transaction each
@@ -82,6 +82,7 @@ def test_run_once_processes_what_is_there_and_exits(stack, app_db, db, synced, s
                             {"id": n, "name": f"Once {n}", "email": f"once{n}@x"})
             session.execute(text("INSERT INTO accounts (id, customer_id, currency) VALUES (:id, :id, :c)"),
                             {"id": n, "c": "EUR" if n % 2 else "USD"})
+            session.execute(text("INSERT INTO orders (id, customer_id, status) VALUES (:id, :id, 'placed')"), {"id": n})
     with Session(engine) as session:
         for n in CUSTOMERS:
             with session.begin():
@@ -150,7 +151,10 @@ def test_run_once_processes_what_is_there_and_exits(stack, app_db, db, synced, s
     held = [held_after(checkpoint, int(p.stem)) for p in (checkpoint / "transactions").glob("*.json")]
     assert any(part[0] == topic(ledger.AGGREGATE) for h in held for part in h.ranges), \
         "no ledger batch ended inside an operation: the test did not cut one"
-    consistent = [p for p in snapshot.published(stack) if (not before or p.offset > before[-1].offset)
+    # (The mirrors', the ledger's and the changelog's points alone: the views and event
+    # time run once these have finished, so they stand only at the run's end, below.)
+    consistent = [p for p in snapshot.published(stack, of=snapshot.PUBLISHERS)
+                  if (not before or p.offset > before[-1].offset)
                   and "mirror.accounts" in p.tables]  # (a fresh stack's first ones have none)
     assert consistent
     for point in consistent:
@@ -163,6 +167,24 @@ def test_run_once_processes_what_is_there_and_exits(stack, app_db, db, synced, s
     shown = json.loads(lakesync("snapshot", "--json", check=True).stdout)
     assert shown["offset"] == consistent[-1].offset and shown["tables"]["mirror.accounts"]["version"] == versions[-1]
     assert shown["tables"]["ledger"]["version"] == latest_version(entries)
+
+    # The views and event time stand there too (each names the versions of the changelog,
+    # the ledger and the mirrors it read): at the point, every ledger entry is enriched and
+    # is an event-time input, and the current customers and the orders' documents are the
+    # mirrors' customers and orders.
+    point = snapshot.latest(stack)
+    assert point.offset == shown["offset"]
+    tables = snapshot.dataframes(spark, stack, point)
+    assert set(tables) >= {"history.customers", "ledger.enriched", "view.customer_order_summary", "view.order_docs",
+                           "event_time.inputs", "window.account_hourly", "join.order_payments"}, sorted(tables)
+
+    def ids(frame, column):
+        return {r[0] for r in frame.select(column).collect()}
+    recorded = ids(tables["ledger"], "event_id")
+    assert ids(tables["ledger.enriched"], "event_id") == recorded
+    assert ids(tables["event_time.inputs"].where("stream = 'ledger'"), "event_id") == recorded
+    assert ids(tables["history.customers"].where("is_current"), "id") == ids(tables["mirror.customers"], "id")
+    assert ids(tables["view.order_docs"].where("NOT deleted"), "order_id") == ids(tables["mirror.orders"], "id")
 
     start_background(stack)
     app_db.execute("UPDATE products SET name = 'resumed' WHERE id = 7050")

@@ -1,13 +1,16 @@
 """Consistent points (sync/delta/points.py): where the projections' tables stand together."""
 
+import json
+import threading
 import time
 
 import pytest
 
 from sync.cdc.transactions import End, Held, write_held
 from sync.delta.fencing import Fence
-from sync.delta.points import Point, consistent, follow, published, publish
+from sync.delta.points import Point, consistent, decision, follow, meet, published, publish, standing_where
 from sync.errors import Fenced
+from sync.streaming.offsets import whole_versions_read
 
 
 def point(batch, offset, first, table):
@@ -123,3 +126,104 @@ def test_a_follower_waits_for_a_leader_about_to_decide_and_not_for_one_catching_
     started = time.monotonic()
     assert follow(leaders, 15, 20, wait_seconds=5) is None  # behind 15: catching up, not waited for
     assert time.monotonic() - started < 1
+
+
+def derived(batch, tables, **read):
+    """A derived projection's point (the views'): `tables` and the versions it read."""
+    return Point(batch=batch, lsn=None, committed_at=None, published_at=f"v{batch}",
+                 tables={t: {"path": f"/lake/{t}", "version": batch} for t in tables},
+                 inputs={name: {"path": f"/lake/{name}", "version": v} for name, v in read.items()})
+
+
+def test_a_derived_projection_stands_where_every_table_it_read_is_at_the_version_it_read():
+    """The views read the changelog at 1 and the mirrors at 1 (batch 1), then the changelog
+    at 2 with the mirrors still at 1 (batch 2: no order changed). The changelog's second
+    batch (version 2) applied a transaction at 15; its third made no version (an idle
+    source's heartbeats), so version 2 stands on from 20 through 30."""
+    log = [point(1, 10, 8, "changelog"), point(2, 20, 15, "changelog"),
+           Point(batch=3, lsn=3000, committed_at="t30", published_at="p3",
+                 tables={"changelog": {"path": "/lake/changelog", "version": 2}}, offset=30, first=None)]
+    mirrors = [point(1, 10, 9, "mirror.orders"), point(2, 20, 12, "mirror.orders")]  # not at 30
+    kept = {"mirrors": mirrors, "changelog": log}
+    views = [derived(1, ["view.order_docs"], changelog=1, **{"mirror.orders": 1}),
+             derived(2, ["view.order_docs"], changelog=2, **{"mirror.orders": 1})]
+    # At 10 the views' batch 1 is there; at 20 the mirrors are at 2, which no views batch
+    # read: no point there, nor at 30 (the mirrors' last point is at 20).
+    assert places(consistent(kept, {"views": views})) == [
+        (10, {"mirror.orders": 1, "changelog": 1, "view.order_docs": 1})]
+    # Once the views read the mirrors at 2 (their batch 3), at 20.
+    views.append(derived(3, ["view.order_docs"], changelog=2, **{"mirror.orders": 2}))
+    assert places(consistent(kept, {"views": views}))[-1] == (
+        20, {"mirror.orders": 2, "changelog": 2, "view.order_docs": 3})
+    # The mirrors go on to 30 without changing a table (an idle batch): the views stand
+    # there too, though they ran no batch (their inputs are where they read them).
+    mirrors.append(Point(batch=3, lsn=3000, committed_at="t30", published_at="p3",
+                         tables={"mirror.orders": {"path": "/lake/mirror.orders", "version": 2}}, offset=30))
+    assert [p.offset for p in consistent(kept, {"views": views})] == [10, 20, 30]
+    # A derived projection that read a table not in the points stands nowhere it is not.
+    absent = [derived(1, ["view.x"], changelog=2, **{"mirror.customers": None, "mirror.orders": 2})]
+    assert [p.offset for p in consistent(kept, {"views": views, "x": absent})] == [20, 30]
+    assert consistent(kept, {"views": views, "x": [derived(1, ["view.x"], changelog=2, **{"mirror.customers": 4})]}) \
+        == []
+    # One that has published none is left out.
+    assert [p.offset for p in consistent(kept, {"views": views, "event_time": []})] == [10, 20, 30]
+
+
+def test_the_mirrors_point_where_the_changelog_is_at_a_version():
+    log = [point(1, 10, 8, "changelog"), point(2, 20, 15, "changelog"), point(3, 30, 25, "changelog")]
+    mirrors = [point(1, 10, 9, "mirror.orders"), point(2, 30, 12, "mirror.orders")]
+    kept = {"changelog": log, "mirrors": mirrors}
+    assert standing_where(kept, "changelog", 1)["mirrors"].batch == 1
+    assert standing_where(kept, "changelog", 2) is None  # the mirrors went from 10 to 30 in one batch
+    assert standing_where(kept, "changelog", 3)["mirrors"].batch == 2
+    assert standing_where({"changelog": [], "mirrors": mirrors}, "changelog", 1) is None
+
+
+def test_a_derived_projections_reading_is_decided_once_per_batch(tmp_path):
+    assert decision(tmp_path, "views", 3) is None
+    assert decision(tmp_path, "views", 4, lambda: {"changelog": 7}) == {"changelog": 7}
+    # Its replay reads what the first attempt's commits were computed from.
+    assert decision(tmp_path, "views", 4, lambda: {"changelog": 9}) == {"changelog": 7}
+    assert decision(tmp_path, "views", 4) == {"changelog": 7}
+    assert published(tmp_path, "views") == []  # (kept apart from the points)
+
+
+def test_a_derived_projection_meets_its_inputs_where_the_changelog_is_at_the_version_it_read(tmp_path):
+    """The changelog made version 2 at 20 and stands there; the ledger, behind at 10,
+    publishes its point at 20 a moment later: the batch waits for it. Once the changelog
+    has moved on and the ledger has gone past 20 without stopping there, it does not wait."""
+    roots = {"changelog": tmp_path / "changelog", "ledger": tmp_path / "ledger"}
+    leader_points(tmp_path, "changelog", [point(1, 10, 8, "changelog"), point(2, 20, 15, "changelog")])
+    leader_points(tmp_path, "ledger", [point(1, 10, 9, "ledger")])
+    later = threading.Timer(0.5, leader_points, (tmp_path, "ledger", [point(2, 20, 16, "ledger")]))
+    later.start()
+    started = time.monotonic()
+    found = meet(roots, "changelog", 2, wait_seconds=10)
+    later.join()
+    assert (found["changelog"].batch, found["ledger"].batch) == (2, 2) and 0.4 < time.monotonic() - started < 5
+    assert meet(roots, "changelog", 1, wait_seconds=10)["ledger"].batch == 1
+    leader_points(tmp_path, "changelog", [point(3, 30, 25, "changelog")])
+    leader_points(tmp_path, "ledger", [point(3, 30, 18, "ledger")])  # applied 18 and stopped at 30
+    leader_points(tmp_path, "changelog", [point(4, 40, 35, "changelog")])
+    started = time.monotonic()
+    assert meet(roots, "changelog", 3, wait_seconds=10)["ledger"].batch == 3
+    roots["mirrors"] = tmp_path / "mirrors"
+    leader_points(tmp_path, "mirrors", [point(1, 10, 9, "mirror.orders"), point(2, 40, 12, "mirror.orders")])
+    assert meet(roots, "changelog", 3, wait_seconds=10) is None  # the mirrors went from 10 to 40
+    assert time.monotonic() - started < 2
+
+
+def test_the_versions_a_batch_of_delta_streams_has_read_whole(tmp_path):
+    (tmp_path / "offsets").mkdir()
+
+    def offsets(batch, *ends):
+        lines = ["v1", "{}", *(json.dumps({"sourceVersion": 1, "reservoirVersion": v, "index": i,
+                                           "isStartingVersion": starting}) for v, i, starting in ends)]
+        (tmp_path / "offsets" / str(batch)).write_text("\n".join(lines))
+    offsets(3, (103, -1, False), (40, -1, False))
+    assert whole_versions_read(tmp_path, 3, {"changelog": "/c", "ledger": "/l"}) == {
+        "changelog": {"path": "/c", "version": 102}, "ledger": {"path": "/l", "version": 39}}
+    offsets(4, (103, 5, False), (40, -1, False))  # inside version 103 (a trigger's file limit)
+    assert whole_versions_read(tmp_path, 4, {"changelog": "/c", "ledger": "/l"}) is None
+    offsets(5, (103, -1, True), (40, -1, False))  # the first snapshot
+    assert whole_versions_read(tmp_path, 5, {"changelog": "/c", "ledger": "/l"}) is None
