@@ -13,7 +13,8 @@ The steps, in order (for several projections, side by side in one Spark session)
   2. Verify (--verify). Both sides must reflect the same source position, so capture is
      held still for the comparison:
        a. pause the connector: no record reaches Kafka; Postgres keeps taking writes,
-          which wait in the replication slot;
+          which wait in the replication slot. Paused inside a source transaction (a
+          poll can end in one), it runs on a moment and pauses again (`_pause`);
        b. wait until the live runner has applied everything Kafka holds (the barrier's
           steps 4 to 6, sync/commands/freshness.py);
        c. bring the new generation to the same position (one more availableNow run);
@@ -31,6 +32,7 @@ The steps, in order (for several projections, side by side in one Spark session)
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import time
@@ -42,6 +44,7 @@ from pyspark.sql import functions as F
 
 from projections import changelog
 from projections.ledger import projection as ledger
+from sync.cdc.transactions import held_after
 from sync.cdc.types import columns, quoted
 from sync.commands import all_projections, freshness, projection_named
 from sync.config import CONNECTOR_NAME, Settings
@@ -57,6 +60,7 @@ from sync.streaming.offsets import Offsets
 
 VOLATILE = {"_applied_at"}  # when our job wrote the row, not what it wrote
 VERIFY_DRAIN_SECONDS = 600  # how long step 2b waits for the live runner
+PAUSE_ATTEMPTS = 10  # step 2a: pauses that may each land inside a source transaction
 LIVE, REBUILT = "_lakesync_live", "_lakesync_rebuilt"  # step 2d's count of a row on each side
 
 
@@ -153,12 +157,49 @@ def _run(spark: SparkSession, builds: list[Build], say) -> None:
         say(progress.summary(offsets.processed(build.shadow, build.projection)))
 
 
+def _pause(settings: Settings, say) -> None:
+    """Step 2a. Connect commits each poll's records at once, and a poll can end inside a
+    source transaction (Debezium hands over what it has decoded so far). Paused there,
+    the rest of it and its END wait in the slot, and the projections that apply whole
+    transactions hold what came of it: they would never reach Kafka's end. The changelog
+    reads every topic, so once it has read all Kafka holds, a transaction it still holds
+    was cut: capture then runs a moment longer and pauses again."""
+    for _ in range(PAUSE_ATTEMPTS):
+        rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/pause")
+        wait_for_state(settings, "PAUSED")
+        if not _holds_a_cut_transaction(settings):
+            return
+        say("verify: capture paused inside a source transaction; it runs on a moment and pauses again")
+        rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/resume")
+        wait_for_state(settings, "RUNNING")
+        time.sleep(1)
+    raise RebuildFailed(f"capture paused inside a source transaction {PAUSE_ATTEMPTS} times; "
+                        "the live and the rebuilt projections cannot meet at one source position")
+
+
+def _holds_a_cut_transaction(settings: Settings) -> bool:
+    """Whether the live changelog, once it has read everything Kafka holds (waiting for
+    it as step 2b would), holds a source transaction whose END or changes never came."""
+    if not settings.whole_transactions or changelog.NAME not in settings.projections:
+        return False
+    checkpoint = catalog.checkpoint(settings, changelog.NAME)
+    deadline = time.monotonic() + VERIFY_DRAIN_SECONDS
+    while time.monotonic() < deadline and read_pid(settings.runner_pidfile) is not None:
+        last = offsets.last_batch(checkpoint)
+        if last is not None:
+            read = offsets.batch_ends(checkpoint, last)
+            pattern = "|".join(re.escape(topic) for topic in {topic for topic, _ in read})
+            if all(read.get(part, 0) >= end for part, end in offsets.end_offsets(settings, pattern).items()):
+                return bool(held_after(checkpoint, last).xids)
+        time.sleep(0.5)
+    return False  # (step 2b says what is behind)
+
+
 def _verify(spark: SparkSession, settings: Settings, builds: list[Build], say) -> list[Comparison]:
     """Step 2."""
     say("verify: pausing capture, so the live and the rebuilt projections reach the same source position")
-    rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/pause")
     try:
-        wait_for_state(settings, "PAUSED")
+        _pause(settings, say)
         if read_pid(settings.runner_pidfile) is None:
             raise RebuildFailed("verify compares with the live projections at Kafka's end: start the runner "
                                 "(`lakesync run`) first")

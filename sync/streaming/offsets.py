@@ -50,18 +50,24 @@ def last_batch(checkpoint: Path) -> int | None:
     return max(commits, default=None)
 
 
+def batch_ends(checkpoint: Path, batch: int) -> Offsets:
+    """Where a Kafka-fed query's batch `batch` ends: what it has read, per topic partition."""
+    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+    ends: Offsets = {}
+    for line in lines[2:]:
+        for topic, partitions in json.loads(line).items():
+            for partition, offset in partitions.items():
+                ends[(topic, int(partition))] = int(offset)
+    return ends
+
+
 def processed_offsets(checkpoint: Path) -> Offsets:
     """The end offsets of the last batch the query committed (from its checkpoint), or
     where the changes it holds start (sync/cdc/transactions.py): those are not applied."""
     last = last_batch(checkpoint)
     if last is None:
         return {}
-    lines = (checkpoint / "offsets" / str(last)).read_text().splitlines()
-    done: Offsets = {}
-    for line in lines[2:]:
-        for topic, partitions in json.loads(line).items():
-            for partition, offset in partitions.items():
-                done[(topic, int(partition))] = int(offset)
+    done = batch_ends(checkpoint, last)
     for part, (first, _) in held_after(checkpoint, last).ranges.items():
         done[part] = min(done.get(part, first), first)
     return done
