@@ -32,7 +32,6 @@ The steps, in order (for several projections, side by side in one Spark session)
 
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 import time
@@ -183,15 +182,15 @@ def _holds_a_cut_transaction(settings: Settings) -> bool:
     if not settings.whole_transactions or changelog.NAME not in settings.projections:
         return False
     checkpoint = catalog.checkpoint(settings, changelog.NAME)
+    ends = offsets.input_ends(settings, changelog.PROJECTION)  # (capture is paused: they stay)
     deadline = time.monotonic() + VERIFY_DRAIN_SECONDS
     while time.monotonic() < deadline and read_pid(settings.runner_pidfile) is not None:
         last = offsets.last_batch(checkpoint)
         if last is not None:
             read = offsets.batch_ends(checkpoint, last)
-            pattern = "|".join(re.escape(topic) for topic in {topic for topic, _ in read})
-            if all(read.get(part, 0) >= end for part, end in offsets.end_offsets(settings, pattern).items()):
+            if all(read.get(part, 0) >= end for part, end in ends.items()):
                 return bool(held_after(checkpoint, last).xids)
-        time.sleep(0.5)
+        time.sleep(0.2)
     return False  # (step 2b says what is behind)
 
 
