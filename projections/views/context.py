@@ -41,6 +41,7 @@ class Context:
                  contents: Contents, pins: dict[str, dict] | None):
         self.commit, self.spark, self.settings = commit, commit.spark, settings
         self.changes, self.entries, self.contents, self.pins = changes, entries, contents, pins or {}
+        self.read_as_of: dict[tuple[str, int], DataFrame] = {}  # each pinned table read once (`_as_of`)
         self.history_changed: DataFrame | None = None   # set by customer_history: id, first new position
         self.orders_changed: DataFrame | None = None    # set by order_docs: customer ids old and new
         self.docs_after: DataFrame | None = None        # set by order_docs: documents once written
@@ -75,4 +76,11 @@ class Context:
         return self.spark.read.format("delta").load(path)
 
     def _as_of(self, table: dict) -> DataFrame:
-        return self.spark.read.format("delta").option("versionAsOf", table["version"]).load(table["path"])
+        """One read per table and version: a version older than the latest is a snapshot
+        Delta reconstructs at each new read (0.6-0.7 s for a small mirror here, against
+        0.15-0.2 s to query the same read again), and under load the pins are older."""
+        key = (table["path"], table["version"])
+        if key not in self.read_as_of:
+            self.read_as_of[key] = (self.spark.read.format("delta").option("versionAsOf", table["version"])
+                                    .load(table["path"]))
+        return self.read_as_of[key]
