@@ -194,4 +194,4 @@ class OpenSearch:
 
     @staticmethod
     def _user_can(user: str, test: str, path: Path) -> bool:
-        return subprocess.run(["runuser", "-u", user, "--", "test", test, str(path)]).returncode == 0
+        return subprocess.run(as_user(user, ["test", test, str(path)])).returncode == 0

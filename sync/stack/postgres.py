@@ -125,7 +125,7 @@ class Postgres:
             hba.write("host replication all 127.0.0.1/32 scram-sha-256\n")
 
     def _check_reachable(self, user: str) -> None:
-        probe = subprocess.run(["runuser", "-u", user, "--", "test", "-w", str(self.data)])
+        probe = subprocess.run(as_user(user, ["test", "-w", str(self.data)]))
         if probe.returncode != 0:
             raise StackError(f"Postgres runs as '{user}', who cannot reach {self.data}; "
                              "set LAKESYNC_HOME to a folder every user can traverse")

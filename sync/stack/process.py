@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -120,4 +121,12 @@ def service_user() -> str | None:
 
 
 def as_user(user: str | None, cmd: list[str]) -> list[str]:
-    return cmd if user is None else ["runuser", "-u", user, "--", *cmd]
+    """`cmd` run as `user` (None: as we are), through util-linux's runuser: in /usr/sbin,
+    which a root shell's PATH may lack."""
+    if user is None:
+        return cmd
+    runuser = shutil.which("runuser") or shutil.which("runuser", path="/usr/sbin:/sbin")
+    if runuser is None:
+        raise StackError(f"running as root, Postgres and OpenSearch run as '{user}' through runuser, "
+                         "which is not on PATH nor in /usr/sbin: apt-get install util-linux")
+    return [runuser, "-u", user, "--", *cmd]

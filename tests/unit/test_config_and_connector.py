@@ -156,3 +156,18 @@ def test_a_capture_set_that_cannot_be_captured_is_refused_in_one_line(text, mess
     with pytest.raises(config.LakesyncError) as refused:
         config.parse_capture(text)
     assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_runuser_is_found_outside_a_root_shells_path_or_named_in_one_line(monkeypatch):
+    """A root shell's PATH may lack /usr/sbin, where util-linux installs runuser."""
+    from sync.errors import StackError
+    from sync.stack import process
+
+    monkeypatch.setenv("PATH", "/bin")
+    assert process.as_user(None, ["true"]) == ["true"]
+    command = process.as_user("postgres", ["true"])
+    assert Path(command[0]).name == "runuser" and Path(command[0]).is_absolute() and command[1:] == [
+        "-u", "postgres", "--", "true"]
+    monkeypatch.setattr(process.shutil, "which", lambda *args, **kwargs: None)
+    with pytest.raises(StackError, match="runuser, which is not on PATH nor in /usr/sbin"):
+        process.as_user("postgres", ["true"])
