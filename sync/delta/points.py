@@ -83,8 +83,13 @@ def folder(root: Path, projection: str) -> Path:
     return root / "_points" / projection
 
 
+def _is_point(name: str) -> bool:
+    """A point's (or a decision's) file name: <batch>.json."""
+    return name.endswith(".json") and name[:-5].isdigit()
+
+
 def _batches(folder: Path) -> list[int]:
-    return sorted(int(p.stem) for p in folder.glob("[0-9]*.json")) if folder.is_dir() else []
+    return sorted(int(name[:-5]) for name in os.listdir(folder) if _is_point(name)) if folder.is_dir() else []
 
 
 def _iso(seconds: float) -> str:
@@ -150,7 +155,7 @@ def published(root: Path, projection: str) -> list[Point]:
     """The points kept, oldest first."""
     kept = folder(root, projection)
     try:
-        entries = [e for e in os.scandir(kept) if e.name.endswith(".json") and e.name[:-5].isdigit()]
+        entries = [e for e in os.scandir(kept) if _is_point(e.name)]
     except FileNotFoundError:
         return []
     with _parsed_lock:

@@ -50,11 +50,16 @@ def last_batch(checkpoint: Path) -> int | None:
     return max(commits, default=None)
 
 
+def _source_offsets(checkpoint: Path, batch: int) -> list[str]:
+    """Batch `batch`'s end offset of each of the query's sources, in their order (the
+    offsets log's lines after its version and its metadata)."""
+    return (checkpoint / "offsets" / str(batch)).read_text().splitlines()[2:]
+
+
 def batch_ends(checkpoint: Path, batch: int) -> Offsets:
     """Where a Kafka-fed query's batch `batch` ends: what it has read, per topic partition."""
-    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
     ends: Offsets = {}
-    for line in lines[2:]:
+    for line in _source_offsets(checkpoint, batch):
         for topic, partitions in json.loads(line).items():
             for partition, offset in partitions.items():
                 ends[(topic, int(partition))] = int(offset)
@@ -101,7 +106,7 @@ def whole_versions_read(checkpoint: Path, batch: int, tables: dict[str, str]) ->
     counting the batches before it (-1: none yet); None if the batch ends inside a
     version (a trigger's file limit) or in a table's first snapshot. A batch's offsets
     are written before it runs."""
-    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()[2:]
+    lines = _source_offsets(checkpoint, batch)
     if len(lines) < len(tables):
         return None
     read = {}
