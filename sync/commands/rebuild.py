@@ -13,8 +13,10 @@ The steps, in order (for several projections, side by side in one Spark session)
   2. Verify (--verify). Both sides must reflect the same source position, so capture is
      held still for the comparison:
        a. pause the connector: no record reaches Kafka; Postgres keeps taking writes,
-          which wait in the replication slot. Paused inside a source transaction (a
-          poll can end in one), it runs on a moment and pauses again (`_pause`);
+          which wait in the replication slot. If a projection that applies whole
+          transactions then holds some it has read (the pause cut one, or its batch
+          stopped where the one it follows stood), capture takes one more transaction
+          and pauses again (`_pause`);
        b. wait until the live runner has applied everything Kafka holds (the barrier's
           steps 4 to 6, sync/commands/freshness.py);
        c. bring the new generation to the same position (one more availableNow run);
@@ -46,6 +48,7 @@ from projections.ledger import projection as ledger
 from sync.cdc.transactions import held_after
 from sync.cdc.types import columns, quoted
 from sync.commands import all_projections, freshness, projection_named
+from sync.commands.snapshot import PUBLISHERS
 from sync.config import CONNECTOR_NAME, Settings
 from sync.delta import catalog, fencing
 from sync.errors import LakesyncError
@@ -59,7 +62,7 @@ from sync.streaming.offsets import Offsets
 
 VOLATILE = {"_applied_at"}  # when our job wrote the row, not what it wrote
 VERIFY_DRAIN_SECONDS = 600  # how long step 2b waits for the live runner
-PAUSE_ATTEMPTS = 10  # step 2a: pauses that may each land inside a source transaction
+PAUSE_ATTEMPTS = 10  # step 2a: pauses that may each find a projection holding transactions
 LIVE, REBUILT = "_lakesync_live", "_lakesync_rebuilt"  # step 2d's count of a row on each side
 
 
@@ -160,38 +163,51 @@ def _pause(settings: Settings, say) -> None:
     """Step 2a. Connect commits each poll's records at once, and a poll can end inside a
     source transaction (Debezium hands over what it has decoded so far). Paused there,
     the rest of it and its END wait in the slot, and the projections that apply whole
-    transactions hold what came of it: they would never reach Kafka's end. The changelog
-    reads every topic, so once it has read all Kafka holds, a transaction it still holds
-    was cut: capture then runs a moment longer and pauses again."""
+    transactions hold what came of it. A batch of one that follows another
+    (`Settings.aligned`) can also hold whole transactions, to stop where the one it
+    follows stood; only its next batch applies them, and no batch comes while capture is
+    paused. Either way it would never reach Kafka's end: capture then takes one more
+    transaction (the heartbeat row, touched) and pauses again."""
     for _ in range(PAUSE_ATTEMPTS):
         rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/pause")
         wait_for_state(settings, "PAUSED")
-        if not _holds_a_cut_transaction(settings):
+        holding = _holding(settings)
+        if not holding:
             return
-        say("verify: capture paused inside a source transaction; it runs on a moment and pauses again")
+        say(f"verify: {', '.join(holding)} holds source transactions with capture paused; "
+            "capture takes one more transaction and pauses again")
         rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/resume")
         wait_for_state(settings, "RUNNING")
-        time.sleep(1)
-    raise RebuildFailed(f"capture paused inside a source transaction {PAUSE_ATTEMPTS} times; "
+        lsn = freshness.wal_position_and_touch(settings)
+        deadline = time.monotonic() + VERIFY_DRAIN_SECONDS
+        while freshness.connector_lsn(settings) < lsn and time.monotonic() < deadline:
+            time.sleep(0.2)
+    raise RebuildFailed(f"capture paused where a projection held source transactions {PAUSE_ATTEMPTS} times; "
                         "the live and the rebuilt projections cannot meet at one source position")
 
 
-def _holds_a_cut_transaction(settings: Settings) -> bool:
-    """Whether the live changelog, once it has read everything Kafka holds (waiting for
-    it as step 2b would), holds a source transaction whose END or changes never came."""
-    if not settings.whole_transactions or changelog.NAME not in settings.projections:
-        return False
-    checkpoint = catalog.checkpoint(settings, changelog.NAME)
-    ends = offsets.input_ends(settings, changelog.PROJECTION)  # (capture is paused: they stay)
-    deadline = time.monotonic() + VERIFY_DRAIN_SECONDS
-    while time.monotonic() < deadline and read_pid(settings.runner_pidfile) is not None:
-        last = offsets.last_batch(checkpoint)
-        if last is not None:
-            read = offsets.batch_ends(checkpoint, last)
-            if all(read.get(part, 0) >= end for part, end in ends.items()):
-                return bool(held_after(checkpoint, last).xids)
-        time.sleep(0.2)
-    return False  # (step 2b says what is behind)
+def _holding(settings: Settings) -> list[str]:
+    """The projections that apply whole source transactions and, once each has read
+    everything Kafka holds (waiting for it as step 2b would), still hold some."""
+    if not settings.whole_transactions:
+        return []
+    found = []
+    for projection in all_projections(settings):
+        if projection.name not in PUBLISHERS:
+            continue
+        checkpoint = catalog.checkpoint(settings, projection.name)
+        ends = offsets.input_ends(settings, projection)  # (capture is paused: they stay)
+        deadline = time.monotonic() + VERIFY_DRAIN_SECONDS
+        while time.monotonic() < deadline and read_pid(settings.runner_pidfile) is not None:
+            last = offsets.last_batch(checkpoint)
+            if last is not None:
+                read = offsets.batch_ends(checkpoint, last)
+                if all(read.get(part, 0) >= end for part, end in ends.items()):
+                    if held_after(checkpoint, last).xids:
+                        found.append(projection.name)
+                    break
+            time.sleep(0.2)
+    return found  # (one still behind at the deadline: step 2b says so)
 
 
 def _verify(spark: SparkSession, settings: Settings, builds: list[Build], say) -> list[Comparison]:
