@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from sync.errors import LakesyncError
 
@@ -108,6 +108,20 @@ def _seconds(name: str, default: str) -> int:
     if not value.isdigit():
         raise LakesyncError(f"{name} must be a whole number of seconds (0 or more), not {value!r}")
     return int(value)
+
+
+def _lake(value: str) -> Path:
+    """LAKESYNC_LAKE: a local directory, as a path or a file: URI. Any other URI (s3a://,
+    abfss://, hdfs://) is refused in one line: the checkpoints, the catalog, the points
+    and the fencing epochs are local files (issue 24), and before this check such a
+    value quietly became a local folder named after the URI."""
+    parts = urlsplit(value)
+    if parts.scheme == "file":
+        return Path(unquote(parts.path)).resolve()
+    if len(parts.scheme) > 1 and "://" in value:  # (one letter: a Windows drive)
+        raise LakesyncError(f"LAKESYNC_LAKE={value}: the lake must be a local directory (a path or a file: "
+                            f"URI); a lake at a {parts.scheme}: URI is not supported yet")
+    return Path(value).resolve()
 
 
 def _port(url: str, default: int) -> int:
@@ -250,7 +264,7 @@ def load() -> Settings:
     home = Path(_env("LAKESYNC_HOME", str(ROOT / ".stack"))).resolve()
     settings = Settings(
         home=home,
-        lake=Path(_env("LAKESYNC_LAKE", str(home / "lake"))).resolve(),
+        lake=_lake(_env("LAKESYNC_LAKE", str(home / "lake"))),
         jars=Path(_env("LAKESYNC_JARS", str(ROOT / "build" / "jvm"))).resolve(),
         pg_dsn=_env("LAKESYNC_PG_DSN", f"postgresql://{ADMIN_ROLE}@127.0.0.1:15432/lakesync"),
         kafka_bootstrap=_env("LAKESYNC_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),

@@ -28,6 +28,21 @@ def test_addresses_come_from_the_environment(monkeypatch, tmp_path):
     assert s.lake == tmp_path / "lake"
 
 
+def test_the_lake_is_a_local_directory_and_an_object_store_uri_is_refused_in_one_line(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LAKESYNC_LAKE", f"file://{tmp_path}/my%20lake")
+    assert config.load().lake == tmp_path / "my lake"
+    monkeypatch.setenv("LAKESYNC_LAKE", "lake")
+    assert config.load().lake == tmp_path / "lake"
+    for uri in ("s3a://bucket/lake", "hdfs://namenode:8020/lake", "abfss://c@account.dfs.core.windows.net/lake"):
+        monkeypatch.setenv("LAKESYNC_LAKE", uri)
+        with pytest.raises(config.LakesyncError, match=r"^LAKESYNC_LAKE=\S+: the lake must be a local directory") as raised:
+            config.load()
+        assert "\n" not in str(raised.value)
+    # Before, such a value became a folder named after the URI under the working directory.
+    assert not (tmp_path / "s3a:").exists()
+
+
 def test_safe_dsn_drops_the_password():
     assert config.safe_dsn("postgresql://u:secret@h:5/db") == "postgresql://u@h:5/db"
     assert config.safe_dsn("postgresql://u@h:5/db") == "postgresql://u@h:5/db"
