@@ -118,7 +118,7 @@ def _lake(value: str) -> Path:
     parts = urlsplit(value)
     if parts.scheme == "file":
         return Path(unquote(parts.path)).resolve()
-    if len(parts.scheme) > 1 and "://" in value:  # (one letter: a Windows drive)
+    if "://" in value:
         raise LakesyncError(f"LAKESYNC_LAKE={value}: the lake must be a local directory (a path or a file: "
                             f"URI); a lake at a {parts.scheme}: URI is not supported yet")
     return Path(value).resolve()

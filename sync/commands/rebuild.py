@@ -178,10 +178,8 @@ def _pause(settings: Settings, say) -> None:
             "capture takes one more transaction and pauses again")
         rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/resume")
         wait_for_state(settings, "RUNNING")
-        lsn = freshness.wal_position_and_touch(settings)
-        deadline = time.monotonic() + VERIFY_DRAIN_SECONDS
-        while freshness.connector_lsn(settings) < lsn and time.monotonic() < deadline:
-            time.sleep(0.2)
+        started = time.monotonic()
+        freshness.captured(settings, started, started + VERIFY_DRAIN_SECONDS)
     raise RebuildFailed(f"capture paused where a projection held source transactions {PAUSE_ATTEMPTS} times; "
                         "the live and the rebuilt projections cannot meet at one source position")
 
