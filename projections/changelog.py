@@ -141,7 +141,7 @@ class ChangelogBatch(Batch):
                                        keep=as_rows, until=self.settings.transactions_until, align=self.align)
         steps.done("read")
         # No version for a batch with no change to append (an idle source's: the
-        # connector's heartbeat transactions, every 5 s): an empty append still commits,
+        # connector's heartbeat transactions): an empty append still commits,
         # checks its transaction id (4 Spark jobs) and gives the views a batch.
         appended = 0
         if not rows.isEmpty():
@@ -151,7 +151,7 @@ class ChangelogBatch(Batch):
         if self.settings.whole_transactions:  # 3.
             points.publish(catalog.root(self.settings, NAME), NAME, commit.batch_id, held,
                            points.tables_now(PROJECTION.targets(self.settings)), self.fence)
-        return Outcome(applied={NAME: appended}, held_transactions=len(held.xids))
+        return Outcome(applied={NAME: appended}, held_transactions=len(held.xids), stopped_short=held.stopped_short)
 
 
 class Changelog(Projection):

@@ -285,7 +285,7 @@ class MirrorBatch(Batch):
             return run
 
         results = self.concurrently(commit, [table_task(row) for row in topics])
-        outcome = Outcome(applied={}, held_transactions=len(held.xids))
+        outcome = Outcome(applied={}, held_transactions=len(held.xids), stopped_short=held.stopped_short)
         dead: list[DeadLetter] = []
         for result in results:
             steps.add(result.steps)

@@ -26,6 +26,11 @@ CONTROL_SCHEMA = "lakesync"          # heartbeat table, also captured (never mir
 PROJECTIONS = ("mirrors", "changelog", "ledger", "views", "event_time")  # all of them, the runner's order
 EVENTS_TOPIC_PREFIX = f"{TOPIC_PREFIX}.events."  # the outbox router's topics (sync/outbox.py), then the type
 HEARTBEAT_TABLE = f"{CONTROL_SCHEMA}.heartbeat"
+# The connector's heartbeat (every 5 s) touches its row only when the slot holds this much
+# WAL unconfirmed (writes it does not capture) or the row's last beat is this old: each touch
+# is a source transaction, a batch for the changelog, the mirrors and the ledger alike.
+HEARTBEAT_WAL_BYTES = 1 << 20
+HEARTBEAT_MAX_AGE_SECONDS = 60
 TABLE_DROPS_TABLE = f"{CONTROL_SCHEMA}.table_drops"  # captured: a DROP TABLE, at its place in the WAL
 SIGNAL_TABLE = f"{CONTROL_SCHEMA}.debezium_signal"  # captured: Debezium's signals (incremental snapshots)
 COLUMN_CHANGES_TABLE = f"{CONTROL_SCHEMA}.column_changes"  # captured: a RENAME or DROP COLUMN, at its place

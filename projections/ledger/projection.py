@@ -265,7 +265,8 @@ class LedgerBatch(Batch):
             points.publish(catalog.root(self.settings, NAME), NAME, commit.batch_id, held,
                            points.tables_now(PROJECTION.targets(self.settings)), self.fence)
         return Outcome(applied={NAME: len(new), "balances": len({e["account"] for e in touched})},
-                       dead_letters={NAME: dead} if dead else {}, held_transactions=len(held.xids))
+                       dead_letters={NAME: dead} if dead else {}, held_transactions=len(held.xids),
+                       stopped_short=held.stopped_short)
 
     def _recorded(self, spark: SparkSession, ledger: str, redelivered: list[dict]):
         """Split redelivered events into those the ledger holds (same event id at that

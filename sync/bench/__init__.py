@@ -41,6 +41,7 @@ from sync.config import ROOT, Settings
 from sync.errors import LakesyncError
 from sync.projection import KafkaTopics
 from sync.stack.background import start_background, stop_background
+from sync.stack.capture import BARRIER_ROW, touch_heartbeat
 
 RESULTS = ROOT / "bench" / "results"
 DEFAULT_SIZES = [100_000, 1_000_000, 10_000_000]
@@ -250,7 +251,7 @@ def _capture(settings: Settings, events: int, say) -> tuple[dict, dict]:
             counts = Load(conn, random.Random(2)).flat_out(events)
             written = time.monotonic() - started
         demo.bank_clients(settings, 12, clients=1, operations=max(1, events // 1000))
-        target = freshness.wal_position_and_touch(settings)
+        target = touch_heartbeat(settings, BARRIER_ROW)
     finally:
         rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/resume")
     resumed = time.monotonic()

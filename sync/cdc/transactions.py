@@ -123,19 +123,24 @@ class Held:
     ranges: Ranges = field(default_factory=dict)
     through: End | None = None
     first: int | None = None  # commit order (END offset) of the first transaction this batch applied that counts
+    # The batch stopped where the projections it follows stand (`align`), before the last
+    # whole transaction it read: no record may come to start the batch that applies the rest.
+    stopped_short: bool = False
 
     def to_json(self) -> dict:
         return {"ends": {x: asdict(e) for x, e in self.ends.items()},
                 "xids": sorted(self.xids),
                 "ranges": [[t, p, first, after] for (t, p), (first, after) in sorted(self.ranges.items())],
-                "through": asdict(self.through) if self.through else None, "first": self.first}
+                "through": asdict(self.through) if self.through else None, "first": self.first,
+                "stopped_short": self.stopped_short}
 
     @staticmethod
     def from_json(data: dict) -> "Held":
         return Held(ends={x: End(**e) for x, e in data["ends"].items()},
                     xids=set(data["xids"]),
                     ranges={(t, p): (first, after) for t, p, first, after in data["ranges"]},
-                    through=End(**data["through"]) if data.get("through") else None, first=data.get("first"))
+                    through=End(**data["through"]) if data.get("through") else None, first=data.get("first"),
+                    stopped_short=data.get("stopped_short", False))
 
     def oldest(self) -> str | None:
         """The held transaction first in commit order (one whose END came, else any)."""
@@ -309,4 +314,5 @@ def _decide(marked: DataFrame, previous: Held, rule: Rule, until: int | None,
         cut = align(after, held.through.offset)
         if cut is not None and cut < held.through.offset:
             held = settle(previous, ends, seen, rule, cut + 1 if until is None else min(until, cut + 1))
+            held.stopped_short = True
     return held

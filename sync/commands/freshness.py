@@ -26,9 +26,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sync.cdc.ordering import parse_lsn
 from sync.commands import all_projections
-from sync.config import CONNECTOR_NAME, HEARTBEAT_TABLE, Settings
+from sync.config import CONNECTOR_NAME, Settings
 from sync.errors import NotFresh
 from sync.projection import KafkaTopics
 from sync.stack import capture
@@ -44,14 +43,6 @@ class Lag:
     behind: int                 # records in Kafka not yet covered by a committed batch
     end: Offsets
     processed: Offsets
-
-
-def wal_position_and_touch(settings: Settings) -> int:
-    with pg_connect(settings, autocommit=True) as conn:
-        (lsn,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-        conn.execute(f"INSERT INTO {HEARTBEAT_TABLE} (id, beat_at) VALUES (2, clock_timestamp()) "
-                     "ON CONFLICT (id) DO UPDATE SET beat_at = EXCLUDED.beat_at")
-    return parse_lsn(lsn)
 
 
 def connector_lsn(settings: Settings) -> int:
@@ -85,7 +76,7 @@ def captured(settings: Settings, started: float, deadline: float) -> None:
     """Steps 1 to 3: every transaction committed before the call is in Kafka (and one
     more, the heartbeat row's: `rebuild --verify` takes it to give every projection a
     next batch). Raises NotFresh."""
-    target_lsn = wal_position_and_touch(settings)
+    target_lsn = capture.touch_heartbeat(settings, capture.BARRIER_ROW)
     checked = float("-inf")
     while True:
         # A broken capture never catches up: say why now. Checked before the offset, so at

@@ -59,8 +59,8 @@ from sync.projection import Target
 # light, takes a batch a second under load) before their consistent point is lost.
 POINTS_KEPT = 1000
 # How long a batch waits at most for its leaders to decide past where it would stop
-# (`follow`): a leader's read of a batch; longer than the connector's heartbeat interval
-# would gain nothing (the transaction it commits starts a batch anyway).
+# (`follow`): a leader's read of a batch. A batch that stops short asks for the next one
+# (sync/streaming/batch.py step 5), so waiting longer would gain little.
 FOLLOW_WAIT_SECONDS = 5.0
 
 

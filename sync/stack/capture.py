@@ -11,9 +11,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from sync.config import SLOT, Settings
+from sync.cdc.ordering import parse_lsn
+from sync.config import HEARTBEAT_TABLE, SLOT, Settings
 from sync.errors import LakesyncError
 from sync.stack.connect import connector_status
+from sync.stack.postgres import pg_connect
+
+# Rows of the heartbeat table besides the connector's own (row 1, its action query). A touch
+# is a captured change: a source transaction, which starts a batch of every Kafka-fed query.
+BARRIER_ROW = 2  # `lakesync wait`: a change after the position it waits for
+NEXT_BATCH_ROW = 3  # a batch that held whole transactions to stand with others: the batch after it
+
+
+def touch_heartbeat(settings: Settings, row: int) -> int:
+    """Touch heartbeat row `row`; returns the WAL position just before the touch."""
+    with pg_connect(settings, autocommit=True) as conn:
+        (lsn,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        conn.execute(f"INSERT INTO {HEARTBEAT_TABLE} (id, beat_at) VALUES (%s, clock_timestamp()) "
+                     "ON CONFLICT (id) DO UPDATE SET beat_at = EXCLUDED.beat_at", (row,))
+    return parse_lsn(lsn)
 
 
 def slot_state(conn) -> dict[str, Any]:

@@ -12,6 +12,10 @@ Per micro-batch, in order:
      parts of it (the mirrors' tables, the views' two chains) may run at once (`concurrently`), each on a Spark
      session of its own, so each part's Delta transaction tags stay its own.
   4. The progress record `status` reads, and the runner's metrics.
+  5. A batch that stopped short (it held whole transactions to stand where the projections
+     it follows stand: sync/delta/points.py `follow`) asks for the batch after it: a touch
+     of the heartbeat table, a source transaction. A Kafka-fed query starts a batch only
+     for new records, and an idle source writes one a minute (the connector's heartbeat).
 Spark commits the batch's offsets after this returns; a crash anywhere above replays the
 whole batch, and every commit of the replay is skipped or changes nothing.
 """
@@ -19,17 +23,21 @@ whole batch, and every commit of the replay is skipped or changes nothing.
 from __future__ import annotations
 
 import queue
+import sys
 import time
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
+import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.util import inheritable_thread_target
 
 from sync.config import Settings
 from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
+from sync.errors import ServiceUnavailable
+from sync.stack.capture import NEXT_BATCH_ROW, touch_heartbeat
 from sync.streaming.progress import Outcome, Progress, Steps
 
 Result = TypeVar("Result")
@@ -62,6 +70,12 @@ class Batch(ABC):
         outcome = self.apply(records, commit, steps)
         if outcome is not None:
             self.progress.record(batch_id, outcome, started, steps.seconds)
+        if outcome is not None and outcome.stopped_short:
+            try:
+                touch_heartbeat(self.settings, NEXT_BATCH_ROW)
+            except (ServiceUnavailable, psycopg.Error) as error:  # the next beat starts it, a minute at most
+                print(f"{self.projection}: batch {batch_id} held whole transactions, and could not ask for "
+                      f"the batch after it ({error})", file=sys.stderr)
 
     def concurrently(self, commit: BatchCommit, tasks: list[Callable[[BatchCommit], Result]]) -> list[Result]:
         """Run the tasks, at most `apply_threads` at once, each given the batch's commit on

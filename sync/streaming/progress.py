@@ -28,6 +28,7 @@ class Outcome:
     late_events: dict[str, int] = field(default_factory=dict)      # event time: late events held now
     watermarks: dict[str, str] = field(default_factory=dict)       # event time: each stream's watermark
     held_transactions: int | None = None                           # mirrors: source transactions not yet whole
+    stopped_short: bool = False                                    # held whole ones to stand with others (Held)
 
 
 class Progress:

@@ -3,18 +3,22 @@
 A replication slot holds WAL from its restart position on. Debezium moves that position
 only when it confirms a change, so a database whose captured tables are idle while
 others are busy would keep every byte of WAL. The connector's heartbeat action query
-(connectors/postgres-source.json) writes a captured row every few seconds; this test
-writes only to an uncaptured table for a minute and checks that Debezium keeps
-confirming positions inside it and that the WAL the slot keeps stays well below what
-was written.
+(connectors/postgres-source.json) writes a captured row when the slot holds WAL it has
+not confirmed; the second test writes only to an uncaptured table for a minute and
+checks that Debezium keeps confirming positions inside it and that the WAL the slot
+keeps stays well below what was written. On an idle database it writes the row once a
+minute only (the first test): each write is a source transaction, a batch for three of
+the runner's queries.
 """
 
 import time
+from datetime import datetime, timedelta
 
 import pytest
 
-from sync.config import SLOT
+from sync.config import HEARTBEAT_MAX_AGE_SECONDS, HEARTBEAT_TABLE, HEARTBEAT_WAL_BYTES, SLOT
 from sync.stack import capture
+from sync.stack.process import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -29,6 +33,27 @@ def _lsn(db) -> int:
 def _restart_lsn(db) -> int:
     return db.execute("SELECT restart_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
                       (SLOT,)).fetchone()[0]
+
+
+BEAT_SECONDS = 5  # connectors/postgres-source.json heartbeat.interval.ms
+
+
+def _beat(db) -> datetime:
+    return db.execute(f"SELECT beat_at FROM {HEARTBEAT_TABLE} WHERE id = 1").fetchone()[0]
+
+
+def test_an_idle_source_gets_a_heartbeat_transaction_once_a_minute(db):
+    # A beat a minute old makes the next heartbeat write the row (within one interval,
+    # once the slot has confirmed what earlier tests wrote)...
+    db.execute(f"UPDATE {HEARTBEAT_TABLE} SET beat_at = now() - interval '{HEARTBEAT_MAX_AGE_SECONDS + 1} seconds' "
+               "WHERE id = 1")
+    wait_until(lambda: _beat(db) > datetime.now(_beat(db).tzinfo) - timedelta(seconds=BEAT_SECONDS * 3)
+               and capture.slot_state(db)["lag_bytes"] < HEARTBEAT_WAL_BYTES, 120, "a heartbeat")
+    beat = _beat(db)
+    # ...and the beats after it leave the row alone. (A window of two heartbeat intervals,
+    # in which nothing else writes: there is no event to wait for when nothing happens.)
+    time.sleep(BEAT_SECONDS * 2 + 1)
+    assert _beat(db) == beat, "the heartbeat wrote its row again on an idle source"
 
 
 def test_uncaptured_writes_keep_the_slot_wal_bounded(db, app_db, synced):

@@ -23,6 +23,8 @@ from sync.cdc.decode import KEYLESS_KEY_SCHEMA, UNAVAILABLE
 from sync.delta import catalog, deadletters, fencing, points
 from sync.delta.merge import ensure_table, latest_version
 from sync.errors import Fenced
+from sync.stack.capture import NEXT_BATCH_ROW
+from sync.streaming import batch as batch_function
 from tests.delta_readers import duckdb_rows, duckdb_with_delta, reader_features, spark_rows
 
 pytestmark = pytest.mark.spark
@@ -887,8 +889,11 @@ def test_the_mirrors_stop_where_the_changelog_they_follow_stands_and_a_replay_st
     """Batches cut at common places (`Settings.aligned`, sync/delta/points.py `follow`):
     the changelog stopped after transaction 50, so the mirrors' batch that read 60 too
     stops there and holds 60; replayed once the changelog stands after 60, it still stops
-    where it decided to (its commits before a crash hold just that)."""
+    where it decided to (its commits before a crash hold just that). A batch that stops
+    short asks for the batch after it (no record of an idle source would start one)."""
     monkeypatch.setattr(points, "FOLLOW_WAIT_SECONDS", 0.5)  # how long a batch waits for an idle leader
+    asked = []  # (the heartbeat row touched: recorded, not written to a source this test has not)
+    monkeypatch.setattr(batch_function, "touch_heartbeat", lambda _, row: asked.append(row))
     settings = dataclasses.replace(settings, aligned=(changelog.NAME, mirrors.NAME))
     kafka = Kafka(spark, CHANGELOG_RECORDS)
     records, read_again = kafka.records, kafka.read_again
@@ -900,13 +905,14 @@ def test_the_mirrors_stop_where_the_changelog_they_follow_stands_and_a_replay_st
                       (txn, n, _end(xid, 1))] for n, (xid, name) in enumerate([(40, "a"), (50, "b"), (60, "c")]))
     log(records(t40 + t50), 0)
     apply(records(t40 + t50 + t60).drop("timestamp"), 0)
-    assert sorted(mirror(spark, settings)) == [1, 2]
+    assert sorted(mirror(spark, settings)) == [1, 2] and asked == [NEXT_BATCH_ROW]
     found = snapshot.published(settings)[-1]
     assert (found.offset, sorted(found.tables)) == (1, ["changelog", "mirror.widgets"])
     log(records(t60), 1)  # the changelog now stands after 60 too
     apply(records(t40 + t50 + t60).drop("timestamp"), 0)  # replayed
-    assert sorted(mirror(spark, settings)) == [1, 2]
+    assert sorted(mirror(spark, settings)) == [1, 2] and asked == [NEXT_BATCH_ROW] * 2
     heartbeat = [(txn, 3, _end(70, 0))]  # a transaction that changed no table read
     apply(records(heartbeat).drop("timestamp"), 1)
     assert sorted(mirror(spark, settings)) == [1, 2, 3]
     assert snapshot.published(settings)[-1].offset == 2  # not 3: the changelog has not read it
+    assert asked == [NEXT_BATCH_ROW] * 3  # (so it holds 70, short of what it read)

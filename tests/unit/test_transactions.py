@@ -83,7 +83,7 @@ def test_fifty_thousand_changes_over_batches_and_partitions():
 
 def test_what_a_batch_holds_is_read_by_the_next_and_by_wait(tmp_path):
     held = Held(ends={"2": End(5, {ACCOUNTS: 3}, 900, 1)}, xids={"2", "3"}, ranges={(ACCOUNTS, 0): (40, 44)},
-                through=End(4, {}, 800, 1))
+                through=End(4, {}, 800, 1), stopped_short=True)
     write_held(tmp_path, 7, held)
     assert held_before(tmp_path, 8) == held and held_before(tmp_path, 9) == held
     assert held_before(tmp_path, 7) == Held() and held_after(tmp_path, 7) == held and held_after(tmp_path, 6) == Held()
