@@ -277,7 +277,10 @@ def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
     boundary = F.col("topic") == TRANSACTIONS_TOPIC
     transaction = rule.xid() if whole else F.lit(None).cast("string")
     if previous.through is not None:  # a change of a transaction applied before, again
-        transaction = F.when(position_columns(rule.sequence())[0] >= previous.through.lsn, transaction)
+        # Told by the commit before it; or, where the change's sequence has none (the first
+        # transaction a new slot streams: read as 0), by its own LSN. A change is written
+        # before its commit, so either at or past `through`'s commit is of a later one.
+        transaction = F.when(F.greatest(*position_columns(rule.sequence())) >= previous.through.lsn, transaction)
     marked = records.select(
         *[F.when(~boundary, F.col(c)).alias(c) if c in ("key", "value", "headers") else c for c in records.columns],
         transaction.alias(XID), F.when(boundary & is_end(F.col("value")), F.col("value").cast("string")).alias(END))

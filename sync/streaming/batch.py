@@ -14,8 +14,9 @@ Per micro-batch, in order:
   4. The progress record `status` reads, and the runner's metrics.
   5. A batch that stopped short (it held whole transactions to stand where the projections
      it follows stand: sync/delta/points.py `follow`) asks for the batch after it: a touch
-     of the heartbeat table, a source transaction. A Kafka-fed query starts a batch only
-     for new records, and an idle source writes one a minute (the connector's heartbeat).
+     of the heartbeat table, a source transaction (at most every ASK_EVERY_SECONDS). A
+     Kafka-fed query starts a batch only for new records, and an idle source writes one a
+     minute (the connector's heartbeat).
 Spark commits the batch's offsets after this returns; a crash anywhere above replays the
 whole batch, and every commit of the replay is skipped or changes nothing.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import queue
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +44,11 @@ from sync.streaming.progress import Outcome, Progress, Steps
 
 Result = TypeVar("Result")
 
+# Step 5 at most this often per projection, as often as the connector's heartbeat used to
+# commit: a follower whose leader stays behind (one holding a transaction whose END never
+# comes) stops short at every batch, and must not start the next at once, again and again.
+ASK_EVERY_SECONDS = 5.0
+
 
 class Batch(ABC):
     """One projection's foreachBatch function (see the module docstring)."""
@@ -51,6 +58,8 @@ class Batch(ABC):
         self.progress = Progress(settings, projection)
         self.opened = False
         self._worker_sessions: queue.SimpleQueue[SparkSession] | None = None
+        self._asked_at = float("-inf")  # step 5's last touch (time.monotonic)
+        self._ask_later: threading.Timer | None = None
 
     def open(self, spark: SparkSession) -> None:
         """Step 1, once per run (and again after a failed first batch)."""
@@ -71,11 +80,25 @@ class Batch(ABC):
         if outcome is not None:
             self.progress.record(batch_id, outcome, started, steps.seconds)
         if outcome is not None and outcome.stopped_short:
-            try:
-                touch_heartbeat(self.settings, NEXT_BATCH_ROW)
-            except (ServiceUnavailable, psycopg.Error) as error:  # the next beat starts it, a minute at most
-                print(f"{self.projection}: batch {batch_id} held whole transactions, and could not ask for "
-                      f"the batch after it ({error})", file=sys.stderr)
+            self._ask_for_next_batch(batch_id)
+
+    def _ask_for_next_batch(self, batch_id: int) -> None:
+        """Step 5: now, or once ASK_EVERY_SECONDS have passed since the last ask."""
+        delay = self._asked_at + ASK_EVERY_SECONDS - time.monotonic()
+        if delay <= 0:
+            self._ask(batch_id)
+        elif self._ask_later is None or not self._ask_later.is_alive():
+            self._ask_later = threading.Timer(delay, self._ask, (batch_id,))
+            self._ask_later.daemon = True
+            self._ask_later.start()
+
+    def _ask(self, batch_id: int) -> None:
+        self._asked_at = time.monotonic()
+        try:
+            touch_heartbeat(self.settings, NEXT_BATCH_ROW)
+        except (ServiceUnavailable, psycopg.Error) as error:  # the next beat starts it, a minute at most
+            print(f"{self.projection}: batch {batch_id} held whole transactions, and could not ask for "
+                  f"the batch after it ({error})", file=sys.stderr)
 
     def concurrently(self, commit: BatchCommit, tasks: list[Callable[[BatchCommit], Result]]) -> list[Result]:
         """Run the tasks, at most `apply_threads` at once, each given the batch's commit on
