@@ -26,8 +26,9 @@ batch stops can depend on the moment (`lakesync run --once`, batches aligned acr
 projections: sync/delta/points.py), and its commits before a crash hold just that. A change
 Kafka holds twice (a record produced again) whose transaction was applied before applies
 again, idempotently, and its END again is ignored: a change's source.sequence starts
-with the commit LSN of the transaction before its own, END's id ends with its own, so
-both are placed against the last transaction applied (`Held.through`).
+with the commit LSN of the transaction before its own (none for the first transaction a
+new slot streams: its own LSN, written before its commit, places it), END's id ends with
+its own, so both are placed against the last transaction applied (`Held.through`).
 
 Which records count toward END, and how a record names its transaction, is the
 projection's `Rule`: the mirrors (and the changelog, which reads their topics) count each
