@@ -94,6 +94,13 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
         # queries' plans (a profile of the runner under a trickle: Janino compiling 8.8% of
         # the JVM's CPU; 1.8% with this).
         .config("spark.sql.codegen.cache.maxEntries", "5000")
+        # PySpark's DataFrame debugging: every call of a PySpark function (F.col, F.when,
+        # DataFrame.where, ...) first looks up the active session, reads a setting and sets
+        # and clears the JVM's call-site origin, some seven more round trips to the JVM
+        # each, so that an analysis error can name the Python line. A mirror's batch makes
+        # hundreds of such calls per table (one expression per column); the errors it
+        # reports name the table and Spark's message without that line.
+        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
         # Tungsten's memory page, which every sort and hash-aggregate task allocates whole
         # however few its rows: by default the heap / cores / 16 rounded up (64 MB with a
         # 3 GB driver). Under the demo's workload the runner's old generation grew to 1.9 GB,
