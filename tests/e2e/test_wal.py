@@ -15,8 +15,9 @@ import time
 from datetime import datetime, timedelta
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
-from sync.config import HEARTBEAT_MAX_AGE_SECONDS, HEARTBEAT_TABLE, HEARTBEAT_WAL_BYTES, SLOT
+from sync.config import HEARTBEAT_MAX_AGE_SECONDS, HEARTBEAT_TABLE, HEARTBEAT_WAL_BYTES, SLOT, TOPIC_PREFIX
 from sync.stack import capture
 from sync.stack.process import wait_until
 
@@ -42,17 +43,43 @@ def _beat(db) -> datetime:
     return db.execute(f"SELECT beat_at FROM {HEARTBEAT_TABLE} WHERE id = 1").fetchone()[0]
 
 
-def test_an_idle_source_gets_a_heartbeat_transaction_once_a_minute(db):
+HEARTBEATS_TOPIC = f"__debezium-heartbeat.{TOPIC_PREFIX}"  # one record a beat, whether or not the row was written
+
+
+def _beats_end(stack) -> int:
+    consumer = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": "lakesync-test-beats"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(HEARTBEATS_TOPIC, 0), timeout=10)[1]
+    finally:
+        consumer.close()
+
+
+def _wait_for_beats(stack, after: int, count: int, timeout: float) -> None:
+    """Until the connector has sent `count` heartbeats after offset `after` (records, not the
+    commit markers its transactions leave in the topic too)."""
+    consumer = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": "lakesync-test-beats",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(HEARTBEATS_TOPIC, 0, after)])
+    seen, deadline = 0, time.monotonic() + timeout
+    try:
+        while seen < count:
+            assert time.monotonic() < deadline, f"{seen} of {count} heartbeats in {timeout} s"
+            message = consumer.poll(1.0)
+            seen += message is not None and message.error() is None
+    finally:
+        consumer.close()
+
+
+def test_an_idle_source_gets_a_heartbeat_transaction_once_a_minute(stack, db):
     # A beat a minute old makes the next heartbeat write the row (within one interval,
     # once the slot has confirmed what earlier tests wrote)...
     db.execute(f"UPDATE {HEARTBEAT_TABLE} SET beat_at = now() - interval '{HEARTBEAT_MAX_AGE_SECONDS + 1} seconds' "
                "WHERE id = 1")
     wait_until(lambda: _beat(db) > datetime.now(_beat(db).tzinfo) - timedelta(seconds=BEAT_SECONDS * 3)
                and capture.slot_state(db)["lag_bytes"] < HEARTBEAT_WAL_BYTES, 120, "a heartbeat")
-    beat = _beat(db)
-    # ...and the beats after it leave the row alone. (A window of two heartbeat intervals,
-    # in which nothing else writes: there is no event to wait for when nothing happens.)
-    time.sleep(BEAT_SECONDS * 2 + 1)
+    beat, end = _beat(db), _beats_end(stack)
+    # ...and the beats after it leave the row alone: the connector's next two beats.
+    _wait_for_beats(stack, end, 2, 60)
     assert _beat(db) == beat, "the heartbeat wrote its row again on an idle source"
 
 
