@@ -37,7 +37,7 @@ from typing import Callable
 
 from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -55,9 +55,9 @@ from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
 from sync.delta.keychanges import SAVED_DDL, fill_moved_values, is_key_change, rows_moved_away
-from sync.delta.merge import (TOMBSTONE_COLUMNS, created_at, ensure_table, extent, inserts, last_commit_info,
-                              latest_per_key, merge_changes, never_written, rows_added, still_applicable,
-                              table_properties, tombstones_of)
+from sync.delta.merge import (TOMBSTONE_COLUMNS, Extent, created_at, ensure_table, extent_aggregates, extent_of,
+                              inserts, last_commit_info, latest_per_key, merge_changes, never_written, rows_added,
+                              still_applicable, table_properties, tombstones_of)
 from sync.delta.multiset import additions, copies_removed, merge_multiset, signed_rows
 from sync.delta.schema import (COLUMN_MAPPING, IncompatibleChange, column_changes_followed, column_changes_property,
                                evolve, finish_backfill, follow_column_changes, sql_string)
@@ -221,7 +221,7 @@ class MirrorBatch(Batch):
            a. decode its changes once, each record under the column names it was
               written with, checkpointed for b and c;
            b. find the records that cannot be applied (undecodable, or repeating a
-              source position);
+              source position), and the key ranges and positions the others span;
            c. follow the renamed and dropped columns, evolve the schema, MERGE, record
               tombstones, finish a pending backfill.
          A table without a primary key takes a multiset MERGE in c instead; a batch
@@ -338,9 +338,9 @@ class MirrorBatch(Batch):
                 if table.changes is None:
                     continue
                 steps.done("decode")
-                failed = _refused(table)
+                failed, span = _screened(table)
                 steps.done("refuse")
-                result.applied = (result.applied or 0) + self._apply_table(commit, table, failed, steps)
+                result.applied = (result.applied or 0) + self._apply_table(commit, table, failed, span, steps)
                 result.dead += failed
         except (IncompatibleChange, AnalysisException) as error:
             result.stopped = f"mirror stopped: {_first_line(error)}"
@@ -470,9 +470,11 @@ class MirrorBatch(Batch):
             plan.keys = [k for k in current_names(plan.keys, plan.column_changes, after) if k is not None]
         return {c.name: chain for c in plan.columns if (chain := earlier_names(c.name, plan.column_changes))}
 
-    def _apply_table(self, commit: BatchCommit, table: "TablePlan", failed: list[DeadLetter], steps: Steps) -> int:
-        """Step 3 for one table; returns the rows the MERGE affected. Its parts' seconds
-        add up in `steps` over the batch's tables."""
+    def _apply_table(self, commit: BatchCommit, table: "TablePlan", failed: list[DeadLetter], span: Extent | None,
+                     steps: Steps) -> int:
+        """Step 3 for one table; returns the rows the MERGE affected. `span`: what its
+        changes but the `failed` span (None for a keyless table). Its parts' seconds add up
+        in `steps` over the batch's tables."""
         spark = commit.spark
         self.fence.check()  # the schema changes below commit outside the batch's commits
         keys = table.keys
@@ -506,10 +508,9 @@ class MirrorBatch(Batch):
             applied = self._apply_multiset(commit, table, target, good, truncated_at, steps)
             finish_backfill(spark, table.path, table.columns, recorded)
             return applied
-        # The target's and the tombstones' files read: those the batch's keys can be in.
-        # (Before the key changes' fill, which changes no key or position.)
-        span = extent(good, keys)
-        steps.done("key_ranges")
+        # The target's and the tombstones' files read: those the batch's keys can be in
+        # (`span`, taken before the key changes' fill, which changes no key or position).
+        assert span is not None
         tombstones = str(tombstone_path(self.settings, table.name))
         known_dead = self._tombstones_after(spark, tombstones, span.oldest)
         if table.moves or table.moved_away:
@@ -716,33 +717,35 @@ def _kinds(records: DataFrame, row) -> list[tuple[bool, DataFrame]]:
     return kinds if row["keyless_from"] < row["keyed_from"] else kinds[::-1]
 
 
-def _refused(table: TablePlan) -> list[DeadLetter]:
+def _screened(table: TablePlan) -> tuple[list[DeadLetter], Extent | None]:
     """The table's changes that must not be applied: undecodable ones, and changes that
     repeat a source position already taken by a different change of the same key (one
-    of them is wrong, and guessing which would be silent loss). A keyless table's rows
-    share positions (a COPY logs many in one WAL record) and have no key to repeat."""
+    of them is wrong, and guessing which would be silent loss); and, for a keyed table,
+    the `Extent` of the others. A keyless table's rows share positions (a COPY logs many
+    in one WAL record) and have no key to repeat."""
     changes = table.changes
-    undecodable = changes.where(F.col(ERROR).isNotNull()).select("_topic", "_partition", "_offset", ERROR)
     if table.keyless:
+        undecodable = changes.where(F.col(ERROR).isNotNull()).select("_topic", "_partition", "_offset", ERROR)
         return [DeadLetter(row["_topic"], row["_partition"], row["_offset"], table.name, row[ERROR])
-                for row in undecodable.collect()]
+                for row in undecodable.collect()], None
     data = [c for c in changes.columns if c not in PROVENANCE and c not in (UNCHANGED, ERROR)]
-    content = F.xxhash64(*[F.col(quoted(c)) for c in data], F.col("_op"))
-    decoded = changes.where(F.col(ERROR).isNull())
-    # The positions with more than one content: their least and greatest differ. (No distinct
-    # count, which expands the rows once more; and no list of each position's records, an
-    # object aggregate over every change: the rare positions found are joined back instead,
-    # a join adaptive execution drops when there are none. 117k changes 0.46 -> 0.22 s.)
-    position = [*table.keys, "_commit_lsn", "_lsn"]
-    conflicts = (decoded.groupBy(*columns(position))
-                 .agg(F.min(content).alias("least"), F.max(content).alias("greatest"))
-                 .where("least != greatest").drop("least", "greatest"))
-    same = " AND ".join(f"r.{quoted(c)} = c.{quoted(c)}" for c in position)
-    repeated = (decoded.alias("r").join(conflicts.alias("c"), F.expr(same), "left_semi")
-                .select("_topic", "_partition", "_offset",
-                        F.lit("repeated source position with different content").alias(ERROR)))
-    return [DeadLetter(row["_topic"], row["_partition"], row["_offset"], table.name, row[ERROR])
-            for row in undecodable.unionByName(repeated).collect()]
+    content = F.when(F.col(ERROR).isNull(), F.xxhash64(*[F.col(quoted(c)) for c in data], F.col("_op")))
+    # A position with more than one content: its least and greatest differ. Taken over a
+    # window, so that one aggregate then collects the refused and spans the rest: one pass,
+    # 3 Spark jobs, where grouping the positions, joining the rare ones found back and
+    # spanning the rest on their own took 6. (No distinct count, which expands the rows
+    # once more; no list of each position's records, an object aggregate over every change.)
+    position = columns([*table.keys, "_commit_lsn", "_lsn"])
+    same_position = Window.partitionBy(*position)
+    repeated = F.coalesce(F.min(content).over(same_position) != F.max(content).over(same_position), F.lit(False))
+    screened = changes.select(*position, "_topic", "_partition", "_offset",
+                              F.when(F.col(ERROR).isNotNull(), F.col(ERROR))
+                              .when(repeated, F.lit("repeated source position with different content")).alias(ERROR))
+    refused = F.col(ERROR).isNotNull()
+    letters = F.collect_list(F.when(refused, F.struct("_topic", "_partition", "_offset", ERROR)))
+    row = screened.agg(letters.alias("refused"), *extent_aggregates(screened, table.keys, ~refused)).first()
+    return ([DeadLetter(r["_topic"], r["_partition"], r["_offset"], table.name, r[ERROR]) for r in row["refused"]],
+            extent_of(row, screened.schema[table.keys[0]].dataType))
 
 
 def _first_line(error: Exception) -> str:

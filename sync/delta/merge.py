@@ -20,7 +20,7 @@
    (delete.retention.ms, 1 day).
 Delta skips a target file only by conjuncts of the merge condition on the target alone
 (its min/max statistics per file); the keys' equality is not one. So the condition also
-carries the batch's keys as a few ranges of the first key column (`extent`): MERGE
+carries the batch's keys as a few ranges of the first key column (`Extent`): MERGE
 then reads only the files whose key range meets one of them, the tombstones likewise.
 Recent rows change and old ones are deleted, so a batch's keys mostly fall in a few
 narrow ranges even in a large table. With a truncate in the batch
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from delta.tables import DeltaMergeBuilder, DeltaTable
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -105,7 +105,7 @@ def still_applicable(changes: DataFrame, keys: list[str], truncated_at: tuple[in
                      tombstones: DataFrame | None, ranges: list[tuple[Column, Column]] | None = None) -> DataFrame:
     """Step 1: the changes (not truncates) newer than the latest truncate and than their
     key's tombstone. A delete equal to its own tombstone stays (its replay is harmless).
-    `ranges` (the `extent` of `changes`) spare reading the tombstones of other keys."""
+    `ranges` (the `Extent` of `changes`) spare reading the tombstones of other keys."""
     rows = changes.where("_op != 't'")
     if truncated_at is not None:
         rows = rows.where(newer_than_literal(truncated_at))
@@ -162,21 +162,23 @@ _ORDERED = _SPLIT + (T.StringType, T.DateType, T.TimestampType, T.TimestampNTZTy
 
 @dataclass(frozen=True)
 class Extent:
-    """What a batch's changes span (`extent`): the values of the first key column as
-    closed ranges [low, high] (literals), at most KEY_RANGES, covering every one of them,
-    or None when that column's type has no order Delta keeps statistics for (then no file
-    is skipped); and their oldest and newest source positions (None without changes)."""
+    """What a batch's changes span (`extent_aggregates`): the values of the first key
+    column as closed ranges [low, high] (literals), at most KEY_RANGES, covering every one
+    of them, or None when that column's type has no order Delta keeps statistics for (then
+    no file is skipped); and their oldest and newest source positions (None without
+    changes)."""
 
     ranges: list[tuple[Column, Column]] | None
     oldest: Position | None
     newest: Position | None
 
 
-def extent(changes: DataFrame, keys: list[str]) -> Extent:
-    """The `Extent` of `changes`, in one Spark job."""
+def extent_aggregates(changes: DataFrame, keys: list[str], counted: Column) -> list[Column]:
+    """The aggregates over `changes` whose row `extent_of` reads: what the rows where
+    `counted` holds span. Aggregated with others in one job (MirrorBatch's screening)."""
     first = changes.schema[keys[0]].dataType
-    column = F.col(quoted(keys[0]))
-    position = F.struct("_commit_lsn", "_lsn")
+    column = F.when(counted, F.col(quoted(keys[0])))
+    position = F.when(counted, F.struct("_commit_lsn", "_lsn"))
     aggregates = [F.min(position).alias("oldest"), F.max(position).alias("newest")]
     if isinstance(first, _SPLIT):
         aggregates.append(F.array_sort(F.collect_set(column)).alias("values"))  # (nulls left out)
@@ -184,7 +186,11 @@ def extent(changes: DataFrame, keys: list[str]) -> Extent:
         # Through their text and back, in the session's time zone both ways: a timestamp
         # handed to Python and back would pass through the Python process' local time zone.
         aggregates += [F.min(column).cast("string").alias("low"), F.max(column).cast("string").alias("high")]
-    row = changes.agg(*aggregates).first()
+    return aggregates
+
+
+def extent_of(row: Row, first: T.DataType) -> Extent:
+    """The `Extent` in a row of `extent_aggregates`; `first`: the first key column's type."""
     ranges = None
     if isinstance(first, _SPLIT):
         ranges = [(F.lit(low).cast(first), F.lit(high).cast(first)) for low, high in cover(row["values"], KEY_RANGES)]
@@ -219,7 +225,7 @@ def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
     """Step 3: the MERGE of `latest` (one change per key, from latest_per_key) into `target`,
     for the batch's commit to execute (sync/delta/commit.py `merge`); `truncated_at` is the
     position of the batch's latest truncate of this table, if it has one; `ranges`, from
-    `extent`, cover every key of `latest` (the target files outside them are skipped)."""
+    `Extent`, cover every key of `latest` (the target files outside them are skipped)."""
     on = F.expr(" AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys))
     if ranges is not None and truncated_at is None:
         on = on & in_ranges(F.col(f"t.{quoted(keys[0])}"), ranges)
