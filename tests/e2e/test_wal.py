@@ -11,6 +11,7 @@ minute only (the first test): each write is a source transaction, a batch for th
 the runner's queries.
 """
 
+import re
 import time
 from datetime import datetime, timedelta
 
@@ -20,6 +21,7 @@ from confluent_kafka import Consumer, TopicPartition
 from sync.config import HEARTBEAT_MAX_AGE_SECONDS, HEARTBEAT_TABLE, HEARTBEAT_WAL_BYTES, SLOT, TOPIC_PREFIX
 from sync.stack import capture
 from sync.stack.process import wait_until
+from sync.streaming.offsets import end_offsets
 
 pytestmark = pytest.mark.e2e
 
@@ -46,20 +48,13 @@ def _beat(db) -> datetime:
 HEARTBEATS_TOPIC = f"__debezium-heartbeat.{TOPIC_PREFIX}"  # one record a beat, whether or not the row was written
 
 
-def _beats_end(stack) -> int:
-    consumer = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": "lakesync-test-beats"})
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(HEARTBEATS_TOPIC, 0), timeout=10)[1]
-    finally:
-        consumer.close()
-
-
-def _wait_for_beats(stack, after: int, count: int, timeout: float) -> None:
-    """Until the connector has sent `count` heartbeats after offset `after` (records, not the
-    commit markers its transactions leave in the topic too)."""
+def _wait_for_next_beats(stack, count: int, timeout: float) -> None:
+    """Until the connector has sent `count` heartbeats after the topic's end now (records,
+    not the commit markers its transactions leave in the topic too)."""
+    end = end_offsets(stack, re.escape(HEARTBEATS_TOPIC))[(HEARTBEATS_TOPIC, 0)]
     consumer = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": "lakesync-test-beats",
                          "isolation.level": "read_committed", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(HEARTBEATS_TOPIC, 0, after)])
+    consumer.assign([TopicPartition(HEARTBEATS_TOPIC, 0, end)])
     seen, deadline = 0, time.monotonic() + timeout
     try:
         while seen < count:
@@ -77,9 +72,9 @@ def test_an_idle_source_gets_a_heartbeat_transaction_once_a_minute(stack, db):
                "WHERE id = 1")
     wait_until(lambda: _beat(db) > datetime.now(_beat(db).tzinfo) - timedelta(seconds=BEAT_SECONDS * 3)
                and capture.slot_state(db)["lag_bytes"] < HEARTBEAT_WAL_BYTES, 120, "a heartbeat")
-    beat, end = _beat(db), _beats_end(stack)
+    beat = _beat(db)
     # ...and the beats after it leave the row alone: the connector's next two beats.
-    _wait_for_beats(stack, end, 2, 60)
+    _wait_for_next_beats(stack, 2, 60)
     assert _beat(db) == beat, "the heartbeat wrote its row again on an idle source"
 
 
