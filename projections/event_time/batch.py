@@ -30,6 +30,20 @@ from sync.streaming.spark import one_of
 CUSTOMER_WAIT_SECONDS = 600  # how long step 3 waits for the changelog to hold an account
 
 
+# The windowed views of the postings, each with the windows a time falls in.
+WINDOWED = ((HOURLY, eventtime.tumbling), (SLIDING, eventtime.sliding))
+
+
+def _window_span(postings: list[dict], windows_of) -> tuple[datetime, datetime]:
+    """From the earliest start to the latest end of the windows `postings` fall in."""
+    windows = [window for e in postings for window in windows_of(e["event_time"])]
+    return min(start for start, _ in windows), max(end for _, end in windows)
+
+
+def _customers(postings: list[dict]) -> list[int]:
+    return sorted({e["customer_id"] for e in postings if e["customer_id"] is not None})
+
+
 class CustomersBehind(LakesyncError):
     exit_code = 1
 
@@ -126,11 +140,12 @@ class EventTimeBatch(Batch):
         postings = [e for e in batch_events if e["stream"] == LEDGER]
         if postings:
             wm = self.clocks[LEDGER].watermark(self.delay)
-            for view, windows_of in ((HOURLY, eventtime.tumbling), (SLIDING, eventtime.sliding)):
-                applied[view.table], found = self._windows(commit, view, windows_of, postings, wm)
+            stored = self._stored_postings(postings)
+            for view, windows_of in WINDOWED:
+                applied[view.table], found = self._windows(commit, view, windows_of, postings, stored, wm)
                 late += found
                 steps.done(view.table)
-            applied[SESSIONS.table], found = self._sessions(commit, postings, wm)
+            applied[SESSIONS.table], found = self._sessions(commit, postings, stored, wm)
             late += found
             steps.done(SESSIONS.table)
         commerce = [e for e in batch_events if e["stream"] == COMMERCE_STREAM]
@@ -244,36 +259,50 @@ class EventTimeBatch(Batch):
         metrics = commit.merge(builder, path(self.settings, view.table), view.table)
         return int(metrics.get("num_affected_rows", 0))
 
-    def _windows(self, commit: BatchCommit, view: View, windows_of, postings: list[dict], watermark: datetime):
+    def _stored_postings(self, postings: list[dict]) -> list[dict]:
+        """The stored postings step 5's three views recompute from, in one read of
+        `inputs` (a read per view cost a file listing and a scan each): those of the
+        batch's accounts in the time span of any window its postings fall in (the
+        windowed views), and every posting of its customers (the sessions)."""
+        accounts = sorted({e["account"] for e in postings})
+        spans = [_window_span(postings, windows_of) for _, windows_of in WINDOWED]
+        low, high = min(low for low, _ in spans), max(high for _, high in spans)
+        wanted = (F.col("account").isin(accounts) & (F.col("event_time") >= F.lit(low))
+                  & (F.col("event_time") < F.lit(high)))
+        customers = _customers(postings)
+        if customers:
+            wanted = wanted | F.col("customer_id").isin(customers)
+        return [r.asDict() for r in self._read(INPUTS).where((F.col("stream") == LEDGER) & wanted).collect()]
+
+    def _windows(self, commit: BatchCommit, view: View, windows_of, postings: list[dict], stored: list[dict],
+                 watermark: datetime):
         """Step 5 for a windowed view: the windows the batch's postings fall in,
-        recomputed from every stored posting of their accounts in their time range."""
+        recomputed from every `stored` posting of their accounts in their time range."""
         wanted = {(e["account"], start) for e in postings for start, _ in windows_of(e["event_time"])}
-        low = min(start for _, start in wanted)
-        high = max(end for e in postings for _, end in windows_of(e["event_time"]))
-        stored = (self._read(INPUTS).where((F.col("stream") == LEDGER)
-                                           & F.col("account").isin(sorted({a for a, _ in wanted}))
-                                           & (F.col("event_time") >= F.lit(low)) & (F.col("event_time") < F.lit(high)))
-                  .collect())
-        rows, late = eventtime.window_rows((r.asDict() for r in stored), windows_of, watermark, self.lateness)
+        accounts = {account for account, _ in wanted}
+        low, high = _window_span(postings, windows_of)
+        entries = (dict(r) for r in stored
+                   if r["account"] in accounts and r["event_time"] is not None and low <= r["event_time"] < high)
+        rows, late = eventtime.window_rows(entries, windows_of, watermark, self.lateness)
         rows = [row for key, row in rows.items() if key in wanted]
         return self._merge(commit, view, rows, watermark), [dict(r, view=view.table) for r in late]
 
-    def _sessions(self, commit: BatchCommit, postings: list[dict], watermark: datetime):
+    def _sessions(self, commit: BatchCommit, postings: list[dict], stored: list[dict], watermark: datetime):
         """Step 5 for sessions: every session of the customers the batch's postings
-        belong to, recomputed; a stored session a bridging posting merged is deleted."""
-        customers = sorted({e["customer_id"] for e in postings if e["customer_id"] is not None})
+        belong to, recomputed from their `stored` postings; a stored session a bridging
+        posting merged is deleted."""
+        customers = _customers(postings)
         rows, late = [], []
-        if customers:
-            stored = self._read(INPUTS).where((F.col("stream") == LEDGER) & F.col("customer_id").isin(customers))
-            by_customer: dict[int, list[dict]] = {}
-            for r in stored.collect():
-                entry = r.asDict()
+        by_customer: dict[int, list[dict]] = {}
+        for r in stored:
+            if r["customer_id"] in customers:
+                entry = dict(r)
                 entry["position"] = position_of(entry)
                 by_customer.setdefault(entry["customer_id"], []).append(entry)
-            for entries in by_customer.values():
-                found, gone = eventtime.session_rows(entries, eventtime.SESSION_GAP, watermark, self.lateness)
-                rows += found
-                late += [dict(r, view=SESSIONS.table) for r in gone]
+        for entries in by_customer.values():
+            found, gone = eventtime.session_rows(entries, eventtime.SESSION_GAP, watermark, self.lateness)
+            rows += found
+            late += [dict(r, view=SESSIONS.table) for r in gone]
         replaced = f"t.customer_id IN ({', '.join(map(str, customers))})" if customers else None
         return self._merge(commit, SESSIONS, rows, watermark, replaced=replaced), late
 
