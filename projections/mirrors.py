@@ -379,14 +379,15 @@ class MirrorBatch(Batch):
                       F.max(is_key_change(op, F.col("headers"), "d")).alias("moved_away"),
                       F.collect_list(drop).alias("drops"),
                       F.collect_list(F.when(F.col("topic") == COLUMNS_TOPIC, value)).alias("column_changes")))
-        return (latest.select(
+        # Sorted here, not by Spark: a sort of a row per topic cost a sampling job and a shuffle.
+        return sorted(latest.select(
             "topic", "deletes", "updates", "moves", "moved_away", "keyed_from", "keyless_from",
             F.get_json_object(F.col("last_value").cast("string"), "$.schema").alias("value_schema"),
             F.get_json_object(F.col("last_key").cast("string"), "$.schema").alias("key_schema"),
             F.get_json_object(F.col("last_truncate"), "$.payload.source.sequence").alias("truncate_sequence"),
             F.get_json_object(F.col("last_value").cast("string"), "$.payload.source.sequence").alias("last_sequence"),
             "drops", "column_changes",
-        ).orderBy("topic").collect())
+        ).collect(), key=lambda row: row["topic"])
 
     def _plan(self, spark: SparkSession, records: DataFrame, row, keyless: bool) -> "TablePlan":
         """What step 3 needs for one table's `records` (all keyless changes or none);
