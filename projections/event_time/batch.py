@@ -267,11 +267,11 @@ class EventTimeBatch(Batch):
         accounts = sorted({e["account"] for e in postings})
         spans = [_window_span(postings, windows_of) for _, windows_of in WINDOWED]
         low, high = min(low for low, _ in spans), max(high for _, high in spans)
-        wanted = (F.col("account").isin(accounts) & (F.col("event_time") >= F.lit(low))
+        wanted = (one_of("account", accounts) & (F.col("event_time") >= F.lit(low))
                   & (F.col("event_time") < F.lit(high)))
         customers = _customers(postings)
         if customers:
-            wanted = wanted | F.col("customer_id").isin(customers)
+            wanted = wanted | one_of("customer_id", customers)
         return [r.asDict() for r in self._read(INPUTS).where((F.col("stream") == LEDGER) & wanted).collect()]
 
     def _windows(self, commit: BatchCommit, view: View, windows_of, postings: list[dict], stored: list[dict],
