@@ -306,25 +306,21 @@ def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
 def _decide(marked: DataFrame, previous: Held, rule: Rule, until: int | None,
             align: Callable[[int | None, int], int | None] | None) -> Held:
     """What a batch holds (`settle`), stopping where `align` says (see `gate`)."""
-    # One aggregate for both: an END is a group of its own (its value is in the key), and
-    # the groups of one transaction, topic and partition are summed here.
+    # One aggregate for both. A boundary record has no transaction of its own (every rule's
+    # xid is null there), so a group is an END alone or one transaction's changes in a
+    # topic partition.
     groups = (marked.where(F.col(XID).isNotNull() | F.col(END).isNotNull())
               .groupBy(XID, "topic", "partition", END)
               .agg(F.count("*").alias("count"), F.min("offset").alias("first"), F.max("offset").alias("last"))
               .collect())
     ends = [end_of(row["last"], row[END], rule.counted) for row in groups if row[END] is not None]
-    seen: dict[tuple[str, str, int], Seen] = {}
-    for row in groups:
-        if row[XID] is not None:
-            key = (row[XID], row["topic"], row["partition"])
-            part = seen.get(key, Seen(*key, 0, row["first"], row["last"]))
-            seen[key] = Seen(*key, part.count + row["count"], min(part.first, row["first"]),
-                             max(part.last, row["last"]))
-    held = settle(previous, ends, seen.values(), rule, until)
+    seen = [Seen(row[XID], row["topic"], row["partition"], row["count"], row["first"], row["last"])
+            for row in groups if row[XID] is not None]
+    held = settle(previous, ends, seen, rule, until)
     after = previous.through.offset if previous.through else None
     if align and held.through is not None and held.through.offset != after:
         cut = align(after, held.through.offset)
         if cut is not None and cut < held.through.offset:
-            held = settle(previous, ends, seen.values(), rule, cut + 1 if until is None else min(until, cut + 1))
+            held = settle(previous, ends, seen, rule, cut + 1 if until is None else min(until, cut + 1))
             held.stopped_short = True
     return held
