@@ -52,7 +52,7 @@ from pyspark.sql import functions as F
 from sync.cdc.ordering import position_columns
 from sync.config import TOPIC_PREFIX
 from sync.files import write_json_atomically
-from sync.streaming.spark import one_of
+from sync.streaming.spark import in_task_slots, one_of
 from sync.streaming.stream import Ranges
 
 TRANSACTIONS_TOPIC = f"{TOPIC_PREFIX}.transaction"
@@ -289,7 +289,10 @@ def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
         again = read_again(records.sparkSession, previous.ranges).where(F.col("value").isNotNull())
         again = again.withColumn(XID, rule.xid()).withColumn(END, F.lit(None).cast("string"))
         marked = marked.unionByName(again.where(one_of(XID, sorted(previous.xids))).select(*marked.columns))
-    marked = (keep(marked) if keep else marked).localCheckpoint(eager=True)
+    # In as many partitions as there are task slots: every later pass over the batch's
+    # records (its plan, each table's decode and screening, the changelog's parse) runs
+    # a task per partition, and a Kafka batch has one per topic partition.
+    marked = in_task_slots(keep(marked) if keep else marked).localCheckpoint(eager=True)
     held = Held(through=previous.through)
     if whole and (_folder(checkpoint) / f"{batch_id}.json").is_file():
         # A replay holds what the batch decided the first time: where it stopped may have

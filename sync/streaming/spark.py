@@ -28,7 +28,7 @@ from sync.config import Settings
 from sync.errors import StackError
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column
+    from pyspark.sql import Column, DataFrame
 
 _VERSION = re.compile(r"-\d[\w.\-]*\.jar$")
 
@@ -211,6 +211,15 @@ def one_of(column: str, values: Iterable[str | int]) -> Column:
     if not literals:
         return F.lit(False)
     return F.expr(f"`{column.replace('`', '``')}` IN ({', '.join(literals)})")
+
+
+def in_task_slots(frame: DataFrame) -> DataFrame:
+    """`frame` in at most as many partitions as Spark has task slots (merged, no shuffle).
+    A task's fixed cost is the same whether its partition holds a thousand rows or none
+    (mostly its projections' code written again before the cache of compiled code is
+    looked up: CodegenContext.splitExpressions), and a Kafka batch has a partition per
+    topic partition, most of them empty or nearly so; each pass over it pays for all."""
+    return frame.coalesce(frame.sparkSession.sparkContext.defaultParallelism)
 
 
 if __name__ == "__main__":  # make jars
