@@ -274,7 +274,7 @@ def load() -> Settings:
         pg_dsn=_env("LAKESYNC_PG_DSN", f"postgresql://{ADMIN_ROLE}@127.0.0.1:15432/lakesync"),
         kafka_bootstrap=_env("LAKESYNC_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
         connect_url=_env("LAKESYNC_CONNECT_URL", "http://127.0.0.1:18083").rstrip("/"),
-        spark_master=_env("LAKESYNC_SPARK_MASTER", "local[2]"),
+        spark_master=_env("LAKESYNC_SPARK_MASTER", "local[*]"),  # a task slot per core the JVM sees
         fault=_env("LAKESYNC_FAULT", ""),
         trigger_seconds=float(_env("LAKESYNC_TRIGGER_SECONDS", "1")),
         shuffle_partitions=int(_env("LAKESYNC_SHUFFLE_PARTITIONS", "4")),

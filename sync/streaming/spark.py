@@ -84,7 +84,6 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.sql.adaptive.enabled", "true")
-        .config("spark.default.parallelism", "2")
         .config("spark.driver.memory", settings.spark_driver_memory)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
