@@ -28,6 +28,8 @@ from sync.streaming.progress import Outcome, Steps
 from sync.streaming.spark import one_of
 
 CUSTOMER_WAIT_SECONDS = 600  # how long step 3 waits for the changelog to hold an account
+# What a MERGE does with each row of its source (`_merge`).
+UPSERT, DELETE, SWEEP = "upsert", "delete", "sweep"
 
 
 # The windowed views of the postings, each with the windows a time falls in.
@@ -42,6 +44,21 @@ def _window_span(postings: list[dict], windows_of) -> tuple[datetime, datetime]:
 
 def _customers(postings: list[dict]) -> list[int]:
     return sorted({e["customer_id"] for e in postings if e["customer_id"] is not None})
+
+
+def _within(view: View, keys: list[tuple]) -> list[str]:
+    """Conditions on a view's stored rows that hold for every one of `keys`: per key column,
+    its integers as an IN list or the range of its times, so that a MERGE's target side
+    reads only the files whose statistics allow one of them."""
+    found = []
+    for n, column in enumerate(view.keys):
+        values = {key[n] for key in keys}
+        if all(isinstance(v, int) for v in values):
+            found.append(f"t.{column} IN ({', '.join(map(str, sorted(values)))})")
+        elif all(isinstance(v, datetime) for v in values):
+            found.append(f"t.{column} BETWEEN timestamp'{min(values).isoformat(sep=' ')}' "
+                         f"AND timestamp'{max(values).isoformat(sep=' ')}'")
+    return found
 
 
 class CustomersBehind(LakesyncError):
@@ -61,6 +78,7 @@ class EventTimeBatch(Batch):
         self.lateness = timedelta(seconds=settings.allowed_lateness_seconds)
         self.clocks: dict[str, eventtime.Clock] = {}             # read from `inputs` by `open`
         self.customers: dict[int, int | None] = {}               # account -> customer (never changes)
+        self.early_ends: dict[str, datetime | None] = {}         # per view: its early rows' earliest end (`_passed`)
 
     # -- step 0: the tables, the settings they were built with, the clocks --
     def open(self, spark: SparkSession) -> None:
@@ -238,26 +256,54 @@ class EventTimeBatch(Batch):
         return len(stamped)
 
     def _merge(self, commit: BatchCommit, view: View, rows: list[dict], watermark: datetime,
-               replaced: str | None = None, swept: dict[str, str] | None = None) -> int:
-        """MERGE recomputed rows: update what differs, insert what is new, delete stored
-        rows `replaced` selects that the recompute no longer has, and sweep: stored early
-        rows whose end the watermark has passed become final."""
+               gone: list[tuple] = (), swept: dict[str, str] | None = None) -> int:
+        """One MERGE of the recomputed rows: update what differs, insert what is new, delete
+        the stored rows whose keys are `gone` (sessions a bridging posting merged), and
+        sweep: stored early rows whose end the watermark has passed become final (a window
+        is closed by time passing, not by an event in it). Every row it changes is in its
+        source, and its condition bounds the stored rows' keys to those (`_within`), so Delta
+        reads only the files that can hold them: no clause for stored rows the source does
+        not match (whenNotMatchedBySource), which would make it join every file whole."""
         spark = commit.spark
-        source = self._frame(spark, view, rows)
-        on = " AND ".join(f"t.{k} = s.{k}" for k in view.keys)
+        merged = {tuple(r[k] for k in view.keys) for r in rows}
+        finals = [key for key in self._passed(view, watermark) if key not in merged and key not in gone]
+        new_early = [r[view.end] for r in rows if r["emission"] == eventtime.EARLY and r[view.end] is not None]
+        self.early_ends[view.table] = min([*new_early, *filter(None, [self.early_ends.get(view.table)])], default=None)
+        if not (rows or gone or finals):
+            return 0
+        now = datetime.now(timezone.utc)
+        records = [tuple(r.get(c) for c in view.columns) + (now, action) for action, keyed in (
+            (UPSERT, rows), (DELETE, [dict(zip(view.keys, key)) for key in gone]),
+            (SWEEP, [dict(zip(view.keys, key)) for key in finals])) for r in keyed]
+        source = spark.createDataFrame(records, f"{view.schema}, _action string")
+        on = " AND ".join([f"t.{k} = s.{k}" for k in view.keys] + _within(view, [*merged, *gone, *finals]))
         compared = [c for c in view.columns if c not in view.keys]
         differs = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in compared)
-        mark = f"timestamp'{watermark.isoformat(sep=' ')}'"
         builder = (DeltaTable.forPath(spark, path(self.settings, view.table)).alias("t").merge(source.alias("s"), on)
-                   .whenMatchedUpdate(condition=differs, set={c: f"s.{c}" for c in [*compared, "_applied_at"]})
-                   .whenNotMatchedInsertAll())
-        if replaced:
-            builder = builder.whenNotMatchedBySourceDelete(condition=replaced)
-        builder = builder.whenNotMatchedBySourceUpdate(
-            condition=f"t.emission = '{eventtime.EARLY}' AND t.{view.end} <= {mark}",
-            set={"emission": f"'{eventtime.FINAL}'", "_applied_at": "current_timestamp()", **(swept or {})})
+                   .whenMatchedDelete(condition=f"s._action = '{DELETE}'")
+                   .whenMatchedUpdate(condition=f"s._action = '{SWEEP}' AND t.emission = '{eventtime.EARLY}'",
+                                      set={"emission": f"'{eventtime.FINAL}'", "_applied_at": "s._applied_at",
+                                           **(swept or {})})
+                   .whenMatchedUpdate(condition=f"s._action = '{UPSERT}' AND ({differs})",
+                                      set={c: f"s.{c}" for c in [*compared, "_applied_at"]})
+                   .whenNotMatchedInsert(condition=f"s._action = '{UPSERT}'",
+                                         values={c: f"s.{c}" for c in [*view.columns, "_applied_at"]}))
         metrics = commit.merge(builder, path(self.settings, view.table), view.table)
         return int(metrics.get("num_affected_rows", 0))
+
+    def _passed(self, view: View, watermark: datetime) -> list[tuple]:
+        """The keys of the stored early rows whose end `watermark` has passed, read only
+        once it has reached the earliest end of an early row (`early_ends`, unknown until
+        the first read of a run; Delta's file statistics on `emission` skip the files whose
+        rows are all final or corrections). Leaves `early_ends` at the earliest end of the
+        early rows it does not return."""
+        if view.table in self.early_ends and (self.early_ends[view.table] is None
+                                              or self.early_ends[view.table] > watermark):
+            return []
+        early = self._read(view).where(F.col("emission") == eventtime.EARLY).select(*view.keys, view.end).collect()
+        ends = [(tuple(r[k] for k in view.keys), r[view.end]) for r in early if r[view.end] is not None]
+        self.early_ends[view.table] = min((end for _, end in ends if end > watermark), default=None)
+        return [key for key, end in ends if end <= watermark]
 
     def _stored_postings(self, postings: list[dict]) -> list[dict]:
         """The stored postings step 5's three views recompute from, in one read of
@@ -303,8 +349,11 @@ class EventTimeBatch(Batch):
             found, gone = eventtime.session_rows(entries, eventtime.SESSION_GAP, watermark, self.lateness)
             rows += found
             late += [dict(r, view=SESSIONS.table) for r in gone]
-        replaced = f"t.customer_id IN ({', '.join(map(str, customers))})" if customers else None
-        return self._merge(commit, SESSIONS, rows, watermark, replaced=replaced), late
+        kept = {tuple(r[k] for k in SESSIONS.keys) for r in rows}
+        stored = (self._read(SESSIONS).where(one_of("customer_id", customers)).select(*SESSIONS.keys).collect()
+                  if customers else [])
+        gone = sorted(tuple(r) for r in stored if tuple(r) not in kept)  # merged into another by a bridging posting
+        return self._merge(commit, SESSIONS, rows, watermark, gone=gone), late
 
     def _orders(self, commit: BatchCommit, events: list[dict], watermark: datetime):
         """Step 5 for the join: the orders of the batch's orders and payments, each

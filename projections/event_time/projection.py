@@ -33,6 +33,8 @@ Apply:  per batch, on the driver (batches of events are small), in order; each w
              differs, delete sessions a merge superseded), and in the same MERGE turn
              every stored early row whose end the watermark has now passed final
              (the sweep: a window is closed by time passing, not by an event in it).
+             The MERGE's source names every row it changes, so it reads only the
+             files whose statistics can hold those keys, however long the history.
           6. Insert the late (event, window) pairs into late_events (insert-only: one
              found again stays one row), and count what the table holds, for `status`.
         Everything stored is a function of the events in commit order: a rebuild from
