@@ -267,8 +267,9 @@ class EventTimeBatch(Batch):
         spark = commit.spark
         merged = {tuple(r[k] for k in view.keys) for r in rows}
         finals = [key for key in self._passed(view, watermark) if key not in merged and key not in gone]
-        new_early = [r[view.end] for r in rows if r["emission"] == eventtime.EARLY and r[view.end] is not None]
-        self.early_ends[view.table] = min([*new_early, *filter(None, [self.early_ends.get(view.table)])], default=None)
+        # (`_passed` has set this view's entry; the batch's own early rows may lower it.)
+        self.early_ends[view.table] = min(filter(None, [self.early_ends[view.table], *(
+            r[view.end] for r in rows if r["emission"] == eventtime.EARLY)]), default=None)
         if not (rows or gone or finals):
             return 0
         now = datetime.now(timezone.utc)
