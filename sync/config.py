@@ -115,6 +115,13 @@ def _seconds(name: str, default: str) -> int:
     return int(value)
 
 
+def _whole(name: str, default: str) -> int:
+    value = _env(name, default)
+    if not value.isdigit():
+        raise LakesyncError(f"{name} must be a whole number (0 or more), not {value!r}")
+    return int(value)
+
+
 def _lake(value: str) -> Path:
     """LAKESYNC_LAKE: a local directory, as a path or a file: URI. Any other URI (s3a://,
     abfss://, hdfs://) is refused in one line: the checkpoints, the catalog, the points
@@ -166,6 +173,13 @@ class Settings:
     allowed_lateness_seconds: int = 3600
     # spark.driver.memory: with a local master the driver runs every task, so Spark's whole heap.
     spark_driver_memory: str = "3g"
+    # A Spark standalone cluster `up` starts on 127.0.0.1 (sync/stack/spark_cluster.py):
+    # this many workers of these cores and this much memory each, the master on this port
+    # (its web UI on the next). 0: none, and Spark runs in the driver (local[*]).
+    spark_workers: int = 0
+    spark_worker_cores: int = 1
+    spark_worker_memory: str = "2g"
+    spark_master_port: int = 17077
     # The JVM's own log lines (Spark's WARNs, the JVM's warnings) on the terminal of the
     # commands that start Spark (LAKESYNC_VERBOSE=1, `lakesync --verbose`); else in a log
     # file under `logs` (sync/streaming/spark.py).
@@ -267,6 +281,8 @@ class Settings:
 
 def load() -> Settings:
     home = Path(_env("LAKESYNC_HOME", str(ROOT / ".stack"))).resolve()
+    workers = _whole("LAKESYNC_SPARK_WORKERS", "0")
+    master_port = _whole("LAKESYNC_SPARK_MASTER_PORT", "17077")
     settings = Settings(
         home=home,
         lake=_lake(_env("LAKESYNC_LAKE", str(home / "lake"))),
@@ -274,7 +290,8 @@ def load() -> Settings:
         pg_dsn=_env("LAKESYNC_PG_DSN", f"postgresql://{ADMIN_ROLE}@127.0.0.1:15432/lakesync"),
         kafka_bootstrap=_env("LAKESYNC_KAFKA_BOOTSTRAP", "127.0.0.1:19092"),
         connect_url=_env("LAKESYNC_CONNECT_URL", "http://127.0.0.1:18083").rstrip("/"),
-        spark_master=_env("LAKESYNC_SPARK_MASTER", "local[*]"),  # a task slot per core the JVM sees
+        # local[*]: a task slot per core the JVM sees; with workers, the cluster `up` starts.
+        spark_master=_env("LAKESYNC_SPARK_MASTER", f"spark://127.0.0.1:{master_port}" if workers else "local[*]"),
         fault=_env("LAKESYNC_FAULT", ""),
         trigger_seconds=float(_env("LAKESYNC_TRIGGER_SECONDS", "1")),
         shuffle_partitions=int(_env("LAKESYNC_SHUFFLE_PARTITIONS", "4")),
@@ -291,6 +308,9 @@ def load() -> Settings:
         watermark_delay_seconds=_seconds("LAKESYNC_WATERMARK_DELAY_SECONDS", "600"),
         allowed_lateness_seconds=_seconds("LAKESYNC_ALLOWED_LATENESS_SECONDS", "3600"),
         spark_driver_memory=_env("LAKESYNC_SPARK_DRIVER_MEMORY", "3g"),
+        spark_workers=workers,
+        spark_worker_memory=_env("LAKESYNC_SPARK_WORKER_MEMORY", "2g"),
+        spark_master_port=master_port,
         verbose=_env("LAKESYNC_VERBOSE", "") not in ("", "0", "false", "no"),
         whole_transactions=_env("LAKESYNC_WHOLE_TRANSACTIONS", "on") != "off",
         capture=parse_capture(_env("LAKESYNC_CAPTURE", DEFAULT_SCHEMA)),

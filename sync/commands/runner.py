@@ -58,7 +58,7 @@ def run(settings: Settings, once: bool = False) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        spark = spark_session.session(settings, "lakesync-runner", console=True)
+        spark = spark_session.session(settings, spark_session.RUNNER_APP, console=True)
         # The fencing tokens of this run, every one before any query commits: any older
         # runner still alive is now a zombie, whatever moment it wakes up at.
         fences = {p.name: fencing.take(spark, settings, p.name, [t.table for t in p.targets(settings) if t.delta])
@@ -71,6 +71,7 @@ def run(settings: Settings, once: bool = False) -> None:
         queries = []
         by_name = {p.name: p for p in projections}
         restarts = dict.fromkeys(by_name, 0)
+        losses = dict.fromkeys(by_name, 0)  # restarts after a lost executor since the last batch done
         # A projection fed by Delta tables (views) starts once its tables exist; with
         # availableNow, once the projections feeding them have finished, so it sees them whole.
         waiting = [p for p in projections if not isinstance(p.source(settings), KafkaTopics)
@@ -102,6 +103,20 @@ def run(settings: Settings, once: bool = False) -> None:
                             queries[index] = _start(spark, settings, by_name[query.name], once,
                                                     fences[query.name])
                             continue
+                        lost = _executor_lost(error)
+                        if lost:
+                            # On a cluster (sync/stack/spark_cluster.py): Spark runs a lost
+                            # executor's tasks again elsewhere, but not a batch whose kept
+                            # results (localCheckpoint) were on it. Its query starts again from
+                            # the checkpoint and replays the batch (its commits are idempotent).
+                            losses[query.name] = 1 if query.lastProgress is not None else losses[query.name] + 1
+                            if losses[query.name] <= EXECUTOR_LOSS_RESTARTS:
+                                print(f"lakesync run: projection {query.name}: its batch lost an executor "
+                                      f"({lost}); replaying it "
+                                      f"({losses[query.name]}/{EXECUTOR_LOSS_RESTARTS})", file=sys.stderr, flush=True)
+                                queries[index] = _start(spark, settings, by_name[query.name], once,
+                                                        fences[query.name])
+                                continue
                         raise RunnerFailed(f"projection {query.name} failed: {_first_line(error)}")
             if all(not q.isActive for q in queries) and not any(p.ready(settings) for p in waiting):
                 break  # (a projection still waiting has no input tables: nothing to do)
@@ -138,6 +153,19 @@ def _checkpoint_conflict(error) -> bool:
     """Spark's guard against two queries on one checkpoint (its offset log's entry exists)."""
     text = str(getattr(error, "desc", None) or error)
     return "Multiple streaming jobs detected" in text or "ConcurrentModificationException" in text
+
+
+# Replays of one batch after lost executors before the runner gives up (a batch done resets it).
+EXECUTOR_LOSS_RESTARTS = 5
+# What Spark's error says when a batch failed because an executor went away.
+_EXECUTOR_LOST = ("CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND", "ExecutorLostFailure", "FetchFailed",
+                  "Executor heartbeat timed out", "Remote RPC client disassociated")
+
+
+def _executor_lost(error) -> str | None:
+    """Which of `_EXECUTOR_LOST` the query's error says, if any."""
+    text = str(getattr(error, "desc", None) or error)
+    return next((marker for marker in _EXECUTOR_LOST if marker in text), None)
 
 
 def _raised(error, kind: type) -> str | None:

@@ -19,7 +19,8 @@ from sync.stack import capture
 from sync.stack.connect import connector_status, source_offset
 from sync.stack.kafka import kafka_ready
 from sync.stack.postgres import pg_connect
-from sync.stack.process import read_pid
+from sync.stack.process import port_open, read_pid
+from sync.stack.spark_cluster import SparkCluster
 from sync.streaming import progress
 from sync.streaming.offsets import last_batch
 
@@ -63,6 +64,13 @@ def collect(settings: Settings) -> dict[str, Any]:
 
     if settings.search_url:
         components["search"] = {"ok": search.healthy(settings.search_url), "url": settings.search_url}
+
+    if settings.spark_workers:
+        cluster = SparkCluster(settings)
+        workers = cluster.workers_running()
+        components["spark"] = {"ok": port_open("127.0.0.1", settings.spark_master_port)
+                               and workers >= settings.spark_workers, "url": cluster.url,
+                               "workers": workers, "workers_wanted": settings.spark_workers}
 
     pid = read_pid(settings.runner_pidfile)
     components["runner"] = {"ok": pid is not None, "pid": pid}
@@ -129,6 +137,8 @@ def render(report: dict[str, Any]) -> str:
         elif name == "connect":
             usual = f"connector {c.get('connector')}, tasks {[t['state'] for t in c.get('tasks', [])]}" + (
                 "; snapshot " + ", ".join(f"{t} {s}" for t, s in running.items()) if running else "")
+        elif name == "spark":
+            usual = f"master {c['url']}, {c['workers']} of {c['workers_wanted']} workers running"
         elif name == "runner":
             usual = f"pid {c.get('pid')}"
         else:

@@ -1,5 +1,6 @@
-"""The embedded stack: Postgres, Kafka (KRaft), Kafka Connect + Debezium and an OpenSearch
-node (unless LAKESYNC_SEARCH_URL=off) on 127.0.0.1.
+"""The embedded stack: Postgres, Kafka (KRaft), Kafka Connect + Debezium, an OpenSearch
+node (unless LAKESYNC_SEARCH_URL=off) and, with LAKESYNC_SPARK_WORKERS, a Spark standalone
+cluster, on 127.0.0.1.
 
 `up` and `down` are idempotent: `up` starts only what is not running and re-registers
 the connector; `down` stops the runner and every service and leaves no process behind.
@@ -20,6 +21,7 @@ from sync.stack.connect import Connect
 from sync.stack.kafka import Kafka
 from sync.stack.opensearch import OpenSearch
 from sync.stack.postgres import Postgres
+from sync.stack.spark_cluster import SparkCluster
 
 
 def ensure_secrets(settings: Settings) -> None:
@@ -50,6 +52,8 @@ def up(settings: Settings, say: Callable[[str], None] = print) -> float:
     ]
     if settings.search_url:
         steps.append(("opensearch", OpenSearch(settings.home, settings.jars, settings.search_port).start))
+    if settings.spark_workers:
+        steps.append((f"spark ({settings.spark_workers} workers)", SparkCluster(settings).start))
     for name, start in steps:
         t0 = time.monotonic()
         start()
@@ -71,8 +75,8 @@ def down(settings: Settings, say: Callable[[str], None] = print) -> None:
         say("  runner               stopped")
     settings.runner_pidfile.unlink(missing_ok=True)
     reap_orphaned_jvm(settings)
-    for name, service in (("connect", Connect(settings)), ("kafka", Kafka(settings)),
-                          ("postgres", Postgres(settings)),
+    for name, service in (("spark", SparkCluster(settings)), ("connect", Connect(settings)),
+                          ("kafka", Kafka(settings)), ("postgres", Postgres(settings)),
                           ("opensearch", OpenSearch(settings.home, settings.jars, settings.search_port))):
         service.stop()
         say(f"  {name:<20} stopped")

@@ -124,6 +124,8 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
         .config("spark.driver.extraJavaOptions",
                 f"-Duser.timezone=UTC -Dderby.system.home={settings.home / 'derby'} {java_options}")
     )
+    if settings.spark_workers:
+        builder = builder.config("spark.cores.max", str(cluster_cores(settings, app_name)))
     if console or settings.verbose or SparkContext._active_spark_context is not None:  # (JVM already up)
         spark = builder.getOrCreate()
     else:
@@ -133,6 +135,18 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
         print(f"(Spark's log: {log})", file=sys.stderr)
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+RUNNER_APP = "lakesync-runner"
+
+
+def cluster_cores(settings: Settings, app_name: str) -> int:
+    """The cores an application takes of the cluster `up` starts (spark.cores.max): a
+    standalone master gives the first application every core, and the next one none until
+    it ends. So the runner takes all but one, which verify, rebuild or bench beside it
+    take (with a single core, an application beside the runner waits for it to end)."""
+    cores = settings.spark_workers * settings.spark_worker_cores
+    return max(1, cores - 1) if app_name == RUNNER_APP else 1
 
 
 @contextmanager

@@ -12,6 +12,7 @@ os.environ.update({
     "LAKESYNC_CONNECT_URL": "http://127.0.0.1:24083",
     "LAKESYNC_SEARCH_URL": "http://127.0.0.1:24200",
     "LAKESYNC_METRICS_PORT": "24400",
+    "LAKESYNC_SPARK_MASTER_PORT": "24077",
 })
 
 from tests.e2e.conftest import app_db, db, stack, synced  # noqa: E402,F401  (the same fixtures)

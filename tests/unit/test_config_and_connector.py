@@ -9,7 +9,7 @@ import pytest
 from sync import config, outbox
 from sync.stack import connect
 from sync.stack.connect import render_connector
-from sync.streaming.spark import artifact
+from sync.streaming.spark import RUNNER_APP, artifact, cluster_cores
 
 
 def test_defaults_point_at_the_embedded_stack(monkeypatch):
@@ -131,6 +131,24 @@ def test_spark_settings_come_from_the_environment(monkeypatch):
     assert config.load().spark_driver_memory == "3g"
     monkeypatch.setenv("LAKESYNC_SPARK_DRIVER_MEMORY", "5g")
     assert config.load().spark_driver_memory == "5g"
+
+
+def test_workers_put_every_spark_process_on_the_cluster_up_starts_the_runner_on_all_cores_but_one(monkeypatch):
+    for name in ("LAKESYNC_SPARK_MASTER", "LAKESYNC_SPARK_WORKERS", "LAKESYNC_SPARK_MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert (config.load().spark_master, config.load().spark_workers) == ("local[*]", 0)
+    monkeypatch.setenv("LAKESYNC_SPARK_WORKERS", "3")
+    monkeypatch.setenv("LAKESYNC_SPARK_MASTER_PORT", "27999")
+    settings = config.load()
+    assert settings.spark_master == "spark://127.0.0.1:27999"
+    assert (cluster_cores(settings, RUNNER_APP), cluster_cores(settings, "lakesync-verify")) == (2, 1)
+    monkeypatch.setenv("LAKESYNC_SPARK_WORKERS", "1")
+    assert (cluster_cores(config.load(), RUNNER_APP), cluster_cores(config.load(), "lakesync-verify")) == (1, 1)
+    monkeypatch.setenv("LAKESYNC_SPARK_MASTER", "spark://spark.internal:7077")  # a cluster of the team's own
+    assert config.load().spark_master == "spark://spark.internal:7077"
+    monkeypatch.setenv("LAKESYNC_SPARK_WORKERS", "two")
+    with pytest.raises(config.LakesyncError, match="^LAKESYNC_SPARK_WORKERS must be a whole number"):
+        config.load()
 
 
 def test_jar_artifact_names_ignore_versions():
