@@ -11,11 +11,16 @@ import signal
 import subprocess
 import sys
 
+from decimal import Decimal
+
 import psycopg
 import pytest
+from sqlalchemy import text
+from sqlalchemy.orm import Session
 
 from sync import config
 from sync.commands.verify import verify
+from sync.demo import bank
 from sync.demo import schema as demo_schema
 from sync.stack.background import start_background
 from sync.stack.process import read_pid, wait_until
@@ -41,6 +46,19 @@ def stack():
     start_background(settings)
     yield settings
     lakesync("down", check=True)
+
+
+def open_bank_accounts(engine, customers: range, name: str) -> None:
+    """A customer with an account per key of `customers` (EUR for odd keys, USD for even),
+    1000 deposited in each, and the house accounts: one transaction."""
+    with Session(engine) as session, session.begin():
+        bank.open_house_accounts(session)
+        for n in customers:
+            session.execute(text("INSERT INTO customers (id, name, email) VALUES (:id, :name, :email)"),
+                            {"id": n, "name": f"{name} {n}", "email": f"{name.lower()}{n}@x"})
+            session.execute(text("INSERT INTO accounts (id, customer_id, currency) VALUES (:id, :id, :c)"),
+                            {"id": n, "c": "EUR" if n % 2 else "USD"})
+            bank.deposit(session, n, Decimal("1000.0000"))
 
 
 FAULT_RUNNERS: list[subprocess.Popen] = []  # started by start_runner, killed after each test

@@ -9,41 +9,26 @@ import json
 import os
 import signal
 import threading
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
-from sqlalchemy.orm import Session
 
 from sync import config
 from sync.demo import bank, bank_clients
 from sync.stack.background import start_background, stop_background
 from sync.stack.process import read_pid, wait_until
 from sync.stack.spark_cluster import SparkCluster
-from tests.e2e.conftest import lakesync
+from tests.e2e.conftest import lakesync, open_bank_accounts
 
 pytestmark = pytest.mark.e2e
 
 ACCOUNTS = range(690000, 690004)  # keys no other test uses
 
 
-def open_accounts(settings) -> None:
-    """Accounts for the bank's clients, two in each currency, funded."""
-    engine = bank.engine(config.role_dsn(settings, config.ROLES["app"]))
-    with Session(engine) as session, session.begin():
-        bank.open_house_accounts(session)
-        for n in ACCOUNTS:
-            session.execute(text("INSERT INTO customers (id, name, email) VALUES (:id, :name, :email)"),
-                            {"id": n, "name": f"Cluster {n}", "email": f"cluster{n}@x"})
-            session.execute(text("INSERT INTO accounts (id, customer_id, currency) VALUES (:id, :id, :c)"),
-                            {"id": n, "c": "EUR" if n % 2 else "USD"})
-            bank.deposit(session, n, Decimal("1000.0000"))
-    engine.dispose()
-
-
 def test_the_runner_on_a_standalone_cluster_outlives_a_killed_worker(stack, synced, monkeypatch):
-    open_accounts(stack)
+    engine = bank.engine(config.role_dsn(stack, config.ROLES["app"]))
+    open_bank_accounts(engine, ACCOUNTS, "Cluster")
+    engine.dispose()
     assert stop_background(stack, timeout=60), "the session's runner is not running"
     monkeypatch.setenv("LAKESYNC_SPARK_WORKERS", "2")  # for `up`, the runner and this test's settings
     # The Kafka-fed projections, whose batches keep the most results on executors; the views

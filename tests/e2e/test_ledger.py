@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from projections.ledger import audit
@@ -21,7 +20,7 @@ from sync import config
 from sync.delta import fencing
 from sync.demo import bank, bank_clients
 from sync.outbox import topic
-from tests.e2e.conftest import lakesync
+from tests.e2e.conftest import lakesync, open_bank_accounts
 
 pytestmark = pytest.mark.e2e
 
@@ -32,14 +31,7 @@ CUSTOMERS = range(660000, 660012)  # keys no other test uses
 def bank_open(stack):
     """Twelve customers with an account each (EUR and USD) and an opening deposit."""
     engine = bank.engine(config.role_dsn(stack, config.ROLES["app"]))
-    with Session(engine) as session, session.begin():
-        bank.open_house_accounts(session)
-        for n in CUSTOMERS:
-            session.execute(text("INSERT INTO customers (id, name, email) VALUES (:id, :name, :email)"),
-                            {"id": n, "name": f"Bank {n}", "email": f"bank{n}@x"})
-            session.execute(text("INSERT INTO accounts (id, customer_id, currency) VALUES (:id, :id, :c)"),
-                            {"id": n, "c": "EUR" if n % 2 else "USD"})
-            bank.deposit(session, n, Decimal("1000.0000"))
+    open_bank_accounts(engine, CUSTOMERS, "Bank")
     yield engine
     engine.dispose()
 
