@@ -108,18 +108,15 @@ def _env(name: str, default: str) -> str:
     return value or default
 
 
+def _whole(name: str, default: str, of: str = "") -> int:
+    value = _env(name, default)
+    if not value.isdigit():
+        raise LakesyncError(f"{name} must be a whole number{of} (0 or more), not {value!r}")
+    return int(value)
+
+
 def _seconds(name: str, default: str) -> int:
-    value = _env(name, default)
-    if not value.isdigit():
-        raise LakesyncError(f"{name} must be a whole number of seconds (0 or more), not {value!r}")
-    return int(value)
-
-
-def _whole(name: str, default: str) -> int:
-    value = _env(name, default)
-    if not value.isdigit():
-        raise LakesyncError(f"{name} must be a whole number (0 or more), not {value!r}")
-    return int(value)
+    return _whole(name, default, " of seconds")
 
 
 def _lake(value: str) -> Path:
