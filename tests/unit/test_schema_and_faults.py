@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 from pyspark.sql import types as T
 
-from sync.commands.runner import _raised
+from sync.commands.runner import _executor_lost, _raised
 from sync.delta.fencing import Fence, latest_epoch, take
 from sync.delta.schema import widens
 from sync.errors import Fenced
@@ -54,3 +54,14 @@ def test_the_runner_finds_our_error_inside_sparks_report():
             "  File ...\nsync.errors.Fenced: projection mirrors: fenced, a newer run holds epoch 5\n")
     assert _raised(text, Fenced) == "projection mirrors: fenced, a newer run holds epoch 5"
     assert _raised("something else", Fenced) is None
+
+
+def test_the_runner_tells_a_lost_executor_from_another_failure():
+    # (from a batch whose localCheckpoint'ed results were on a worker killed mid-batch)
+    text = ("An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):\n"
+            "org.apache.spark.SparkException: [CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND] Checkpoint block rdd_3950_1 "
+            "not found!\nEither the executor that originally checkpointed this partition is no longer alive, "
+            "or the original RDD is unpersisted.\n")
+    assert _executor_lost(text) == "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
+    assert _executor_lost("Job aborted: ExecutorLostFailure (executor 1 exited)") == "ExecutorLostFailure"
+    assert _executor_lost("[DELTA_CONCURRENT_APPEND] Files were added by a concurrent update") is None
