@@ -45,7 +45,8 @@ class SparkCluster:
     def url(self) -> str:
         return f"spark://127.0.0.1:{self.settings.spark_master_port}"
 
-    def _pidfile(self, role: str) -> Path:
+    def pidfile(self, role: str) -> Path:
+        """The pid file of `role`: master, worker-1, worker-2, ..."""
         return self.run / f"spark-{role}.pid"
 
     def _log(self, role: str) -> Path:
@@ -56,9 +57,9 @@ class SparkCluster:
         return {**os.environ, "SPARK_HOME": str(spark_home()), "JAVA_HOME": str(java.parent.parent),
                 "SPARK_LOG_DIR": str(self.settings.logs), "SPARK_NO_DAEMONIZE": "1"}
 
-    def _spawn(self, role: str, main_class: str, *args: str) -> None:
+    def _spawn(self, env: dict[str, str], role: str, main_class: str, *args: str) -> None:
         command = [str(spark_home() / "bin" / "spark-class"), main_class, "--host", "127.0.0.1", *args]
-        spawn(command, self._pidfile(role), self._log(role), env=self._env())
+        spawn(command, self.pidfile(role), self._log(role), env=env)
 
     def workers_running(self) -> int:
         return sum(read_pid(p) is not None for p in self.run.glob("spark-worker-*.pid"))
@@ -66,28 +67,29 @@ class SparkCluster:
     def start(self) -> None:
         """The master, then every worker not running (idempotent), each registered."""
         port = self.settings.spark_master_port
-        if read_pid(self._pidfile("master")) is None:
+        env = self._env()  # (finding Java runs `java -version`: once)
+        if read_pid(self.pidfile("master")) is None:
             require_free("127.0.0.1", port, "the Spark master")
-            self._spawn("master", "org.apache.spark.deploy.master.Master", "--port", str(port),
+            self._spawn(env, "master", "org.apache.spark.deploy.master.Master", "--port", str(port),
                         "--webui-port", str(port + 1))
             wait_until(lambda: port_open("127.0.0.1", port) or self._died("master"), START_TIMEOUT,
                        "the Spark master", self._log("master"))
         for n in range(1, self.settings.spark_workers + 1):
             role = f"worker-{n}"
-            if read_pid(self._pidfile(role)) is not None:
+            if read_pid(self.pidfile(role)) is not None:
                 continue
             work = self.settings.home / "spark" / role
             work.mkdir(parents=True, exist_ok=True)
             log = self._log(role)
             since = log.stat().st_size if log.exists() else 0  # (the log is appended to)
-            self._spawn(role, "org.apache.spark.deploy.worker.Worker", self.url,
+            self._spawn(env, role, "org.apache.spark.deploy.worker.Worker", self.url,
                         "--cores", str(self.settings.spark_worker_cores), "--memory",
                         self.settings.spark_worker_memory, "--work-dir", str(work), "--webui-port", "0")
             wait_until(lambda: self._registered(log, since) or self._died(role), START_TIMEOUT,
                        f"Spark {role}", log)
 
     def _died(self, role: str) -> bool:
-        if read_pid(self._pidfile(role)) is None:
+        if read_pid(self.pidfile(role)) is None:
             raise StackError(f"Spark {role} exited during start-up; see {self._log(role)}")
         return False
 
@@ -99,7 +101,7 @@ class SparkCluster:
 
     def stop(self) -> None:
         """Every worker, then the master (whatever LAKESYNC_SPARK_WORKERS says now)."""
-        for pidfile in [*sorted(self.run.glob("spark-worker-*.pid")), self._pidfile("master")]:
+        for pidfile in [*sorted(self.run.glob("spark-worker-*.pid")), self.pidfile("master")]:
             pid = read_pid(pidfile)
             if pid:
                 stop_pid(pid)

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-
 from decimal import Decimal
 
 import psycopg

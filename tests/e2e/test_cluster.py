@@ -52,7 +52,7 @@ def test_the_runner_on_a_standalone_cluster_outlives_a_killed_worker(stack, sync
         clients.start()
         # Killed while it runs the tasks of the batches applying these writes.
         wait_until(lambda: _tasks_run(logs) > before + 20, 180, "tasks on the runner's executor")
-        os.killpg(read_pid(settings.home / "run" / f"spark-{worker}.pid"), signal.SIGKILL)  # its executor too
+        os.killpg(read_pid(cluster.pidfile(worker)), signal.SIGKILL)  # its executor too
         wait_until(lambda: cluster.workers_running() == 1, 10, "the killed worker gone")
         # The master gives the runner an executor on the other worker.
         wait_until(lambda: len(_executors(settings)) == 2, 180, "the runner's executor on the other worker")
@@ -68,7 +68,7 @@ def test_the_runner_on_a_standalone_cluster_outlives_a_killed_worker(stack, sync
     finally:
         stop_background(settings, timeout=60)
         cluster.stop()
-    assert cluster.workers_running() == 0 and read_pid(settings.home / "run" / "spark-master.pid") is None
+    assert cluster.workers_running() == 0 and read_pid(cluster.pidfile("master")) is None
 
 
 def _executors(settings) -> dict[str, list[Path]]:
