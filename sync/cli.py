@@ -195,20 +195,21 @@ def cmd_bench(settings, args) -> int:
     from sync import bench
 
     result = bench.run(settings, events=args.events, rate=args.rate, seconds=args.seconds, sizes=args.sizes,
-                       merge_batch=args.merge_batch, json_path=args.json)
+                       merge_batch=args.merge_batch, json_path=args.json, workers=args.workers)
     missed = [goal["what"] for goal in result["goals"].values() if goal["met"] is False]
     print("bench: every goal met" if not missed else "bench: goals missed: " + "; ".join(missed))
     return 0
 
 
-def _positive(kind):
+def _positive(kind, zero: bool = False):
+    """A parser of a number above zero (or at least zero: `zero`)."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            value = 0
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"not a positive number: {text!r}")
+            value = -1
+        if value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"not a {'whole' if zero else 'positive'} number: {text!r}")
         return value
     return parse
 
@@ -220,7 +221,7 @@ def cmd_demo(settings, args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from sync.bench import DEFAULT_SIZES
+    from sync.bench import DEFAULT_SIZES, DEFAULT_WORKERS
 
     top = argparse.ArgumentParser(prog="lakesync", description="Postgres -> Debezium -> Kafka -> Spark -> Delta")
     top.add_argument("--verbose", action="store_true",
@@ -290,6 +291,9 @@ def parser() -> argparse.ArgumentParser:
                        default=DEFAULT_SIZES, help="mirror sizes the merge rate is measured against")
     bench.add_argument("--merge-batch", type=_positive(int), default=50_000, metavar="B",
                        help="change events per merge batch")
+    bench.add_argument("--workers", type=_positive(int, zero=True), default=DEFAULT_WORKERS, metavar="N",
+                       help="also measure on a Spark standalone cluster of N workers started on this machine "
+                            f"(default {DEFAULT_WORKERS}; 0: not)")
     bench.set_defaults(func=cmd_bench)
     ledger = sub.add_parser("ledger", help="the auditor's commands over the hash-chained ledger (read-only)")
     actions = ledger.add_subparsers(dest="action", metavar="ACTION", required=True)

@@ -20,15 +20,20 @@ home and ports), in this order so no two Spark drivers compete while one is time
      (the mirrors' topics from offset zero): the ceiling (read and drop), our rebuild of
      the mirrors from offset zero (a new generation, thrown away after), and the merge
      rate against mirrors of each `--sizes` row count.
-  6. The hand-written peer (confluent-kafka + delta-rs MERGE) over the same records; its
+  6. The same on a Spark standalone cluster (`--workers` N, 0 skips it): this process'
+     session stopped, a master and N one-core workers started on this machine
+     (sync/stack/spark_cluster.py), the ceiling, the rebuild and the merge rate into a
+     1M-row mirror measured again with the driver on the cluster, the cluster stopped.
+  7. The hand-written peer (confluent-kafka + delta-rs MERGE) over the same records; its
      row counts are checked against Postgres.
-  7. Spark Declarative Pipelines' AUTO CDC flow: it cannot run on open-source Spark 4.2
+  8. Spark Declarative Pipelines' AUTO CDC flow: it cannot run on open-source Spark 4.2
      with Delta (SDP_REASON); the JSON says why instead of a figure.
-  8. JSON, markdown table and plots written to bench/results (sync/bench/report.py).
+  9. JSON, markdown table and plots written to bench/results (sync/bench/report.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 import shutil
@@ -45,6 +50,8 @@ from sync.stack.capture import BARRIER_ROW, touch_heartbeat
 
 RESULTS = ROOT / "bench" / "results"
 DEFAULT_SIZES = [100_000, 1_000_000, 10_000_000]
+APPLY_ROWS = 1_000_000  # the mirror size `apply_events_per_s` is measured at
+DEFAULT_WORKERS = 2  # step 6's cluster: one worker per core of the machine the bench was made on
 SMALL_CHANGES = 7  # one-row changes timed on the idle stack (step 1)
 ALL_TOPICS = r"lakesync\.(public|events)\..+"  # every captured table and every outbox event topic
 
@@ -54,7 +61,7 @@ class BenchFailed(LakesyncError):
 
 
 def run(settings: Settings, events: int, rate: float, seconds: float, sizes: list[int], merge_batch: int,
-        json_path: Path | None, say=print) -> dict:
+        json_path: Path | None, workers: int = DEFAULT_WORKERS, say=print) -> dict:
     from sync import stack
     from sync.bench import report
 
@@ -65,14 +72,14 @@ def run(settings: Settings, events: int, rate: float, seconds: float, sizes: lis
                      "taken_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                      # the mirrors, the changelog and the ledger hold what is not a whole source transaction yet
                      "whole_transactions": settings.whole_transactions}
-    say(f"1/8 stack up in {settings.home}; seeding; runner started")
+    say(f"1/9 stack up in {settings.home}; seeding; runner started")
     stack.up(settings, say=lambda text: None)
     _seed(settings)
     _runner(settings, start=True)
     _barrier(settings)
     figures.update(_small_change_latency(settings, say))
 
-    say(f"2/8 freshness: {rate:,.0f} change events/s for {seconds:.0f} s; then a mirror compacted under that load")
+    say(f"2/9 freshness: {rate:,.0f} change events/s for {seconds:.0f} s; then a mirror compacted under that load")
     window, figures["steady_events_per_s"] = _steady(settings, rate, seconds, say)
     _barrier(settings)
     delays = _freshness(settings, window, figures, say)
@@ -80,30 +87,33 @@ def run(settings: Settings, events: int, rate: float, seconds: float, sizes: lis
     _barrier(settings)
     _runner(settings, start=False)
 
-    say(f"3/8 capture: a backlog of {events:,} change events, the connector paused meanwhile")
+    say(f"3/9 capture: a backlog of {events:,} change events, the connector paused meanwhile")
     backlog, capture = _capture(settings, events, say)
     figures.update(capture)
 
-    say("4/8 apply: the runner catches up on the backlog, each projection timed; then verify")
+    say("4/9 apply: the runner catches up on the backlog, each projection timed; then verify")
     figures["apply_by_kind"] = _catch_up(settings, backlog, say)
     _barrier(settings)
     figures["verified"] = _verify(settings)
     _runner(settings, start=False)
 
-    say("5/8 ceiling, rebuild and merge scaling, in one Spark session")
+    say("5/9 ceiling, rebuild and merge scaling, in one Spark session")
     from sync.streaming import spark as spark_session
 
     spark = spark_session.session(settings, "lakesync-bench")
     replay = _replay_ranges(settings)
     figures.update(_spark_figures(spark, settings, replay, sizes, merge_batch, workdir, say))
 
-    say("6/8 the hand-written peer: confluent-kafka + delta-rs MERGE, same records")
+    say(f"6/9 the same on a Spark standalone cluster of {workers} workers on this machine")
+    figures["cluster"] = _on_cluster(spark, settings, replay, merge_batch, workers, workdir, say)
+
+    say("7/9 the hand-written peer: confluent-kafka + delta-rs MERGE, same records")
     figures.update(_peer(settings, replay, workdir, say))
 
-    say("7/8 Spark Declarative Pipelines' AUTO CDC flow")
+    say("8/9 Spark Declarative Pipelines' AUTO CDC flow")
     figures.update(_sdp(say))
 
-    say("8/8 writing bench/results")
+    say("9/9 writing bench/results")
     result = report.summarise(figures)
     for path in report.write(result, RESULTS, json_path, delays):
         say(f"  wrote {path}")
@@ -357,7 +367,39 @@ def _spark_figures(spark, settings: Settings, replay: dict, sizes: list[int], me
     return {"files_by_mirror": files, "ceiling_events_per_s": top["events_per_s"], "ceiling": top,
             "rebuild_events_per_s": round(top["events"] / took), "rebuild_seconds": round(took, 3),
             "merge_rate_by_rows": merge,
-            "apply_events_per_s": merge.get("1000000", {}).get("events_per_s")}
+            "apply_events_per_s": merge.get(str(APPLY_ROWS), {}).get("events_per_s")}
+
+
+def _on_cluster(spark, settings: Settings, replay: dict, merge_batch: int, workers: int, workdir: Path,
+                say) -> dict:
+    """Step 6: step 5's ceiling, rebuild and apply rate (into a 1M-row mirror) again, the
+    driver on a standalone cluster of `workers` one-core workers started here, all of
+    its cores to the bench (nothing else runs on it). On one machine the executors' JVMs
+    and the driver-executor traffic share the cores with the driver: this measures what
+    the deployment costs, not a speed-up. Skipped with `--workers 0`, and when the whole
+    bench runs on a cluster already (LAKESYNC_SPARK_MASTER): no local figure to set beside."""
+    from sync.stack.spark_cluster import SparkCluster
+    from sync.streaming import spark as spark_session
+
+    if not workers:
+        return {"skipped": "--workers 0"}
+    if not settings.spark_master.startswith("local"):
+        return {"skipped": f"the whole bench ran on {settings.spark_master}"}
+    cluster = SparkCluster(dataclasses.replace(settings, spark_workers=workers))
+    on_cluster = dataclasses.replace(settings, spark_workers=workers, spark_master=cluster.url)
+    spark.stop()  # one Spark context per process: this one's driver goes to the cluster
+    cluster.start()
+    try:
+        spark = spark_session.session(on_cluster, spark_session.BENCH_CLUSTER_APP)
+        figures = _spark_figures(spark, on_cluster, replay, [APPLY_ROWS], merge_batch, workdir, say)
+        spark.stop()
+    finally:
+        cluster.stop()
+    result = {"workers": workers, "cores": workers * settings.spark_worker_cores, "master": cluster.url,
+              **{key: figures[key] for key in ("ceiling_events_per_s", "rebuild_events_per_s", "apply_events_per_s")}}
+    say(f"  on the cluster: ceiling {result['ceiling_events_per_s']:,}/s, rebuild {result['rebuild_events_per_s']:,}/s, "
+        f"apply into {APPLY_ROWS:,} rows {result['apply_events_per_s']:,}/s")
+    return result
 
 
 def _peer(settings: Settings, replay: dict, workdir: Path, say) -> dict:

@@ -61,6 +61,10 @@ def summarise(figures: dict) -> dict:
         "ours_vs_peer": ratio(figures.get("rebuild_events_per_s"), figures.get("peer_events_per_s")),
         "ours_vs_sdp": ratio(figures.get("rebuild_events_per_s"), figures.get("sdp_events_per_s")),
         "peer_vs_ceiling": ratio(figures.get("peer_events_per_s"), figures.get("ceiling_events_per_s")),
+        "cluster_vs_local_apply": ratio((figures.get("cluster") or {}).get("apply_events_per_s"),
+                                        figures.get("apply_events_per_s")),
+        "cluster_vs_local_rebuild": ratio((figures.get("cluster") or {}).get("rebuild_events_per_s"),
+                                          figures.get("rebuild_events_per_s")),
         "capture_vs_anchor_45k": ratio(figures.get("capture_events_per_s"), ANCHORS[0]["events_per_s"]),
         "merge_largest_vs_smallest": (ratio(merge[sizes[-1]]["events_per_s"], merge[sizes[0]]["events_per_s"])
                                       if len(sizes) > 1 else None),
@@ -99,6 +103,11 @@ def markdown(result: dict) -> str:
     lines += ["", "| rate (change events/s) | measured |", "|---|---|"]
     for key in ("ceiling_events_per_s", "rebuild_events_per_s", "peer_events_per_s", "sdp_events_per_s"):
         lines.append(f"| {key} | {num(result.get(key))} |")
+    cluster = result.get("cluster") or {}
+    if "workers" in cluster:
+        lines += [f"| on a standalone cluster of {cluster['workers']} one-core workers (this machine): {key} | "
+                  f"{num(cluster.get(key))} |" for key in ("ceiling_events_per_s", "rebuild_events_per_s",
+                                                              "apply_events_per_s")]
     for kind, figure in result.get("apply_by_kind", {}).items():
         lines.append(f"| apply, live runner catching up: {kind} | {num(figure.get('events_per_s'))} |")
     lines += ["", "| merge into a mirror of N rows | events/s | files |", "|---|---|---|"]

@@ -138,14 +138,18 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
 
 
 RUNNER_APP = "lakesync-runner"
+BENCH_CLUSTER_APP = "lakesync-bench-cluster"  # the bench's step 6, alone on a cluster of its own
 
 
 def cluster_cores(settings: Settings, app_name: str) -> int:
     """The cores an application takes of the cluster `up` starts (spark.cores.max): a
     standalone master gives the first application every core, and the next one none until
     it ends. So the runner takes all but one, which verify, rebuild or bench beside it
-    take (with a single core, an application beside the runner waits for it to end)."""
+    take (with a single core, an application beside the runner waits for it to end). The
+    bench's cluster arm, alone on a cluster it started, takes all."""
     cores = settings.spark_workers * settings.spark_worker_cores
+    if app_name == BENCH_CLUSTER_APP:
+        return cores
     return max(1, cores - 1) if app_name == RUNNER_APP else 1
 
 
