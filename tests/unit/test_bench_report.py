@@ -33,6 +33,8 @@ FIGURES = {
     "merge_rate_by_rows": {"100000": {"events_per_s": 10_000, "files": 1},
                            "10000000": {"events_per_s": 5_000, "files": 40, "batch_events": 500,
                                         "steps_seconds": {"read": 0.5, "merge": 2.25}}},
+    "cluster": {"workers": 2, "cores": 2, "master": "spark://127.0.0.1:22077", "ceiling_events_per_s": 50_000,
+                "rebuild_events_per_s": 20_000, "apply_events_per_s": 6_000},
 }
 
 
@@ -46,6 +48,10 @@ def test_summary_has_every_design_key_ratio_and_verdict():
     assert result["ratios"]["ours_vs_peer"] == 2.5
     assert result["ratios"]["ours_vs_sdp"] is None
     assert result["ratios"]["merge_largest_vs_smallest"] == 0.5
+    assert result["ratios"]["cluster_vs_local_apply"] == 0.75
+    assert result["ratios"]["cluster_vs_local_rebuild"] == 0.8
+    skipped = report.summarise({**FIGURES, "cluster": {"skipped": "--workers 0"}})
+    assert skipped["ratios"]["cluster_vs_local_apply"] is None
     goals = result["goals"]
     assert goals["capture_events_per_s"]["met"] is True
     assert goals["freshness_p99_s"]["met"] is False
@@ -63,6 +69,8 @@ def test_markdown_names_each_goal_and_what_could_not_run(tmp_path):
     assert "| 10,000,000 | 5,000 | 40 |" in text
     assert "Spark Declarative Pipelines: not here" in text
     assert "| merge | 2.25 |" in text
+    assert "| on a standalone cluster of 2 one-core workers (this machine): apply_events_per_s | 6,000 |" in text
+    assert "one-core workers" not in report.markdown(report.summarise({**FIGURES, "cluster": {"skipped": "x"}}))
     written = report.write(result, tmp_path, None, [0.5, 1.0, 1.5, 7.0])
     assert {p.name for p in written} == {"bench.json", "bench.md", "freshness.png", "merge_scaling.png"}
     assert json.loads((tmp_path / "bench.json").read_text())["ratios"]["ours_vs_peer"] == 2.5
