@@ -201,15 +201,15 @@ def cmd_bench(settings, args) -> int:
     return 0
 
 
-def _positive(kind, zero: bool = False):
-    """A parser of a number above zero (or at least zero: `zero`)."""
+def _positive(kind, or_zero: bool = False):
+    """A parser of a number above zero (or zero too: `or_zero`)."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             value = -1
-        if value < 0 or (value == 0 and not zero):
-            raise argparse.ArgumentTypeError(f"not a {'whole' if zero else 'positive'} number: {text!r}")
+        if value < 0 or (value == 0 and not or_zero):
+            raise argparse.ArgumentTypeError(f"not a {'whole' if or_zero else 'positive'} number: {text!r}")
         return value
     return parse
 
@@ -291,7 +291,7 @@ def parser() -> argparse.ArgumentParser:
                        default=DEFAULT_SIZES, help="mirror sizes the merge rate is measured against")
     bench.add_argument("--merge-batch", type=_positive(int), default=50_000, metavar="B",
                        help="change events per merge batch")
-    bench.add_argument("--workers", type=_positive(int, zero=True), default=DEFAULT_WORKERS, metavar="N",
+    bench.add_argument("--workers", type=_positive(int, or_zero=True), default=DEFAULT_WORKERS, metavar="N",
                        help="also measure on a Spark standalone cluster of N workers started on this machine "
                             f"(default {DEFAULT_WORKERS}; 0: not)")
     bench.set_defaults(func=cmd_bench)

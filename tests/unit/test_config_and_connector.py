@@ -9,7 +9,7 @@ import pytest
 from sync import config, outbox
 from sync.stack import connect
 from sync.stack.connect import render_connector
-from sync.streaming.spark import RUNNER_APP, artifact, cluster_cores
+from sync.streaming.spark import BENCH_CLUSTER_APP, RUNNER_APP, artifact, cluster_cores
 
 
 def test_defaults_point_at_the_embedded_stack(monkeypatch):
@@ -142,6 +142,7 @@ def test_workers_put_every_spark_process_on_the_cluster_up_starts_the_runner_on_
     settings = config.load()
     assert settings.spark_master == "spark://127.0.0.1:27999"
     assert (cluster_cores(settings, RUNNER_APP), cluster_cores(settings, "lakesync-verify")) == (2, 1)
+    assert cluster_cores(settings, BENCH_CLUSTER_APP) == 3  # the bench's step 6, alone on its own cluster
     monkeypatch.setenv("LAKESYNC_SPARK_WORKERS", "1")
     assert (cluster_cores(config.load(), RUNNER_APP), cluster_cores(config.load(), "lakesync-verify")) == (1, 1)
     monkeypatch.setenv("LAKESYNC_SPARK_MASTER", "spark://spark.internal:7077")  # a cluster of the team's own
