@@ -385,8 +385,9 @@ def _on_cluster(spark, settings: Settings, replay: dict, merge_batch: int, worke
         return {"skipped": "--workers 0"}
     if not settings.spark_master.startswith("local"):
         return {"skipped": f"the whole bench ran on {settings.spark_master}"}
-    cluster = SparkCluster(dataclasses.replace(settings, spark_workers=workers))
-    on_cluster = dataclasses.replace(settings, spark_workers=workers, spark_master=cluster.url)
+    with_workers = dataclasses.replace(settings, spark_workers=workers)
+    cluster = SparkCluster(with_workers)
+    on_cluster = dataclasses.replace(with_workers, spark_master=cluster.url)
     spark.stop()  # one Spark context per process: this one's driver goes to the cluster
     cluster.start()
     try:
@@ -395,7 +396,8 @@ def _on_cluster(spark, settings: Settings, replay: dict, merge_batch: int, worke
         spark.stop()
     finally:
         cluster.stop()
-    result = {"workers": workers, "cores": workers * settings.spark_worker_cores, "master": cluster.url,
+    result = {"workers": workers, "cores": spark_session.cluster_cores(on_cluster, spark_session.BENCH_CLUSTER_APP),
+              "master": cluster.url,
               **{key: figures[key] for key in ("ceiling_events_per_s", "rebuild_events_per_s", "apply_events_per_s")}}
     say(f"  on the cluster: ceiling {result['ceiling_events_per_s']:,}/s, rebuild {result['rebuild_events_per_s']:,}/s, "
         f"apply into {APPLY_ROWS:,} rows {result['apply_events_per_s']:,}/s")

@@ -55,16 +55,15 @@ def summarise(figures: dict) -> dict:
     """The figures with their ratios and each goal's verdict added."""
     merge = figures.get("merge_rate_by_rows", {})
     sizes = sorted(merge, key=int)
+    cluster = figures.get("cluster") or {}  # step 6's figures (none when it was skipped)
     out = dict(figures)
     out["ratios"] = {
         "ours_vs_ceiling": ratio(figures.get("rebuild_events_per_s"), figures.get("ceiling_events_per_s")),
         "ours_vs_peer": ratio(figures.get("rebuild_events_per_s"), figures.get("peer_events_per_s")),
         "ours_vs_sdp": ratio(figures.get("rebuild_events_per_s"), figures.get("sdp_events_per_s")),
         "peer_vs_ceiling": ratio(figures.get("peer_events_per_s"), figures.get("ceiling_events_per_s")),
-        "cluster_vs_local_apply": ratio((figures.get("cluster") or {}).get("apply_events_per_s"),
-                                        figures.get("apply_events_per_s")),
-        "cluster_vs_local_rebuild": ratio((figures.get("cluster") or {}).get("rebuild_events_per_s"),
-                                          figures.get("rebuild_events_per_s")),
+        "cluster_vs_local_apply": ratio(cluster.get("apply_events_per_s"), figures.get("apply_events_per_s")),
+        "cluster_vs_local_rebuild": ratio(cluster.get("rebuild_events_per_s"), figures.get("rebuild_events_per_s")),
         "capture_vs_anchor_45k": ratio(figures.get("capture_events_per_s"), ANCHORS[0]["events_per_s"]),
         "merge_largest_vs_smallest": (ratio(merge[sizes[-1]]["events_per_s"], merge[sizes[0]]["events_per_s"])
                                       if len(sizes) > 1 else None),
