@@ -107,6 +107,15 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
         # cycles; with 2 MB pages 0.6-0.8 GB and ~17 (docs/benchmark.md). A larger record
         # still gets a page of its own size.
         .config("spark.buffer.pageSize", "2m")
+        # Projections made per task (a shuffle's partition key, a stage not fused into one
+        # generated function, Delta's replay of its log over the nested schema of its
+        # actions) interpreted, not generated: Spark writes and formats each one's Java
+        # source again in every task before it finds the compiled class in its cache: a
+        # small batch spends about a sixth less CPU without it, a warm large one runs as
+        # fast, a cold process' first large batch about 10 s slower (docs/benchmark.md).
+        # Spark documents the setting as internal, for its tests; 4.2 reads it everywhere
+        # (CodeGeneratorWithInterpretedFallback). Whole-stage code generation is unchanged.
+        .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
         # Delta's own settings: its log state is small here; 50 partitions (the default)
         # cost seconds per commit on two cores.
         .config("spark.databricks.delta.snapshotPartitions", "2")
