@@ -50,7 +50,7 @@ from sync.config import TABLE_DROPS_TABLE, CaptureSet, Settings, pg_quoted
 from sync.delta import catalog, points
 from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
-from sync.delta.merge import ensure_table, rows_added
+from sync.delta.merge import ensure_table, latest_version, rows_added, table_properties
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
 from sync.streaming.progress import Outcome, Steps
@@ -61,11 +61,41 @@ KIND = "changelog"
 SCHEMA = ("`table` string, `_op` string, `key` string, `before` string, `after` string, "
           "`_commit_lsn` bigint, `_lsn` bigint, `_txid` bigint, `_source_ts` timestamp, "
           "`_topic` string, `_partition` int, `_offset` bigint, `_kafka_ts` timestamp, `_applied_at` timestamp")
-PROPERTIES = {"delta.appendOnly": "true"}
+# Its change data feed: the views and event time read a range of its versions again (the
+# rows of the source transactions a batch held: projections/derived.py). A feed is
+# readable from the version that enabled it on (CHANGE_FEED_FROM): 0 for a changelog
+# created so, the enabling commit's for one created before.
+CHANGE_FEED_FROM = "lakesync.changeFeedFrom"
+PROPERTIES = {"delta.appendOnly": "true", "delta.enableChangeDataFeed": "true", CHANGE_FEED_FROM: "0"}
 
 
 def changelog_path(settings: Settings) -> str:
     return str(catalog.root(settings, NAME) / "changelog")
+
+
+def ensure(spark: SparkSession, path: str, fence: Fence) -> None:
+    """The changelog table, with its change data feed on: a changelog created before the
+    feed gets it in one commit, which names its own version as where the feed begins
+    (one writer here: the changelog's query starts after this)."""
+    ensure_table(spark, path, SCHEMA, {**PROPERTIES, **fence.properties})
+    if CHANGE_FEED_FROM not in table_properties(spark, path):
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true', "
+                  f"'{CHANGE_FEED_FROM}' = '{latest_version(path) + 1}')")
+
+
+def change_feed_from(spark: SparkSession, path: str) -> int | None:
+    """The first version of the changelog at `path` its change data feed holds (None: no feed)."""
+    found = table_properties(spark, path).get(CHANGE_FEED_FROM)
+    return int(found) if found is not None else None
+
+
+def versions(spark: SparkSession, path: str, after: int, through: int) -> DataFrame:
+    """The changelog's rows of its versions (after, through], from its change data feed."""
+    if after >= through:
+        return spark.read.format("delta").load(path).where(F.lit(False))
+    return (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", after + 1)
+            .option("endingVersion", through).load(path)
+            .drop("_change_type", "_commit_version", "_commit_timestamp"))
 
 
 # The envelope as the changelog reads it: the row images stay JSON text.
@@ -123,7 +153,7 @@ class ChangelogBatch(Batch):
         self.align = points.aligner(settings, NAME)  # stop where the projections it follows stand
 
     def open(self, spark: SparkSession) -> None:
-        ensure_table(spark, changelog_path(self.settings), SCHEMA, {**PROPERTIES, **self.fence.properties})
+        ensure(spark, changelog_path(self.settings), self.fence)
 
     def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome:
         path = changelog_path(self.settings)
@@ -171,7 +201,7 @@ class Changelog(Projection):
 
     def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
         # Created before the first record arrives: the views stream from this table.
-        ensure_table(spark, changelog_path(settings), SCHEMA, {**PROPERTIES, **fence.properties})
+        ensure(spark, changelog_path(settings), fence)
         return run_batches(read_topics(spark, settings, WHOLE_TRANSACTIONS), NAME, ChangelogBatch(settings, fence),
                            settings, once)
 

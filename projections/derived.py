@@ -3,19 +3,27 @@ what a batch reads, so that their tables stand at a place in commit order too.
 
 They stream both tables (Delta streams, whose batches Spark ends at version boundaries)
 and the views read the mirrors. Under load the ledger, which follows the changelog,
-stands behind the changelog version a batch has read, so the two streams' ends rarely
-meet at one source transaction. So a batch reads the ledger's entries not from its
-stream, which only starts batches, but from the ledger as of a point of the ledger's
-own (sync/delta/points.py), `Reading`:
-  1. The changelog through the last version the batch read whole.
-  2. The place where the changelog stands at that version and the ledger (and, for the
-     views, the mirrors) stand too, waiting briefly for them to get there (`meet`);
-     else the ledger's latest point, and the mirrors as they stand. Never a ledger
-     point before a version its stream has handed over: no batch starts for it again.
+stands behind the changelog version a batch has read, and two of these queries read the
+changelog through different versions, so the streams' ends rarely meet at one source
+transaction, and the two never stand at the same one. So a batch takes what it applies
+not from its streams, which only start batches, but from the tables as of a place where
+they stand together (sync/delta/points.py), `Reading`:
+  1. The place: where the changelog, the ledger (and, for the views, the mirrors) stand
+     together, the changelog at a version from the last one an earlier batch applied to
+     the last one this batch's stream read whole (`together`). Of those places, first
+     one a projection it follows has decided on (event time follows the views), so that
+     they stand at the same one; else the one where the changelog is at the version read,
+     waiting briefly for the others to get there (`meet`); else the latest. None: the
+     ledger's latest point, and the mirrors as they stand (no point).
+  2. The changelog's rows of the versions since the last one an earlier batch applied
+     through the one at that place (`changes`): the stream's batch, and the versions an
+     earlier batch held read again from the changelog's change data feed; what comes
+     after the place is held for the next batch, which the batch asks for (as a
+     follower of the mirrors does: sync/streaming/batch.py step 5).
   3. The ledger's entries of the transactions since the previous batch's through that
-     point, chosen by commit position: a transaction's rows carry the commit LSN of the
-     one before it (sync/cdc/ordering.py), so those of the transactions up to a point
-     are the ones below its commit LSN.
+     place, chosen by commit position: a transaction's rows carry the commit LSN of the
+     one before it (sync/cdc/ordering.py), so those of the transactions up to a place are
+     the ones below its commit LSN.
   4. The mirrors and the ledger as of those points' versions, in every step.
   5. After the commits, a derived point naming all of those versions (`publish`): the
      tables stand wherever each of them is at its version.
@@ -27,12 +35,13 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from projections.changelog import NAME as CHANGELOG
-from projections.changelog import changelog_path
+from projections.changelog import change_feed_from, changelog_path, versions
 from projections.ledger import ledger_path
 from projections.ledger.projection import NAME as LEDGER
 from projections.mirrors import NAME as MIRRORS
@@ -50,6 +59,8 @@ MEET_WAIT_SECONDS = points.FOLLOW_WAIT_SECONDS
 # How long a batch waits at most for the ledger's point of a version it has read (as the
 # views wait for the mirrors).
 LEDGER_WAIT_SECONDS = 600
+# How many of its leader's latest decisions a follower looks among for a place (step 1).
+LEADER_DECISIONS = 20
 
 
 class LedgerBehind(LakesyncError):
@@ -64,51 +75,145 @@ class Reading:
     entries_from: int                 # the entries: those whose commit position is in [entries_from, entries_before)
     entries_before: int
     inputs: dict[str, dict] | None    # every table read, at its version: the batch's point (None: none)
+    # The changelog's rows: those of its versions (changes_after, changes_through]. None:
+    # not known (a decision of an earlier Lakesync, a stream's batch ending inside a
+    # version), and then the rows the stream's batch holds, with those held before it.
+    changes_after: int | None = None  # the last version earlier batches applied
+    changes_through: int | None = None
+    streamed: int | None = None       # the last version the stream's batch read whole
+    streamed_before: int | None = None  # the previous batch's
+    place: int | None = None          # the place in commit order the batch stands at (None: none)
+    # Per input table's path, the last version the batch applied when that is before
+    # what its stream read: sync/streaming/offsets.py `processed` counts no further.
+    applied: dict[str, int] | None = None
 
     @property
     def pins(self) -> dict[str, dict]:
         """The versions the steps read the mirrors and the ledger at."""
         return self.inputs or {LEDGER: self.ledger}
 
+    @property
+    def holds(self) -> bool:
+        """Whether rows the stream's batch read are left for the next batch."""
+        return bool(self.applied)
 
-def reading(settings: Settings, projection: str, batch_id: int, mirrors: list[Target]) -> Reading | None:
-    """Batch `batch_id`'s reading (`mirrors`: those it reads). None without whole source
-    transactions: no points to read at, and the entries come from the ledger's stream."""
+
+def reading(spark: SparkSession, settings: Settings, projection: str, batch_id: int, mirrors: list[Target],
+            follows: tuple[str, ...] = ()) -> Reading | None:
+    """Batch `batch_id`'s reading (`mirrors`: those it reads; `follows`: the derived
+    projections whose places it stops at first). None without whole source transactions:
+    no points to read at, and every row comes from the streams."""
     if not settings.whole_transactions:
         return None
     root = catalog.root(settings, projection)
 
     def decide() -> dict:
-        previous = points.decision(root, projection, batch_id - 1)
-        start = previous["entries_before"] if previous else 0
+        made = points.decision(root, projection, batch_id - 1)
+        previous = Reading(**made) if made else None
+        start = previous.entries_before if previous else 0
         read = whole_versions_read(catalog.checkpoint(settings, projection), batch_id,
                                    {CHANGELOG: changelog_path(settings), LEDGER: ledger_path(settings)})
         roots = {name: catalog.root(settings, name) for name in (CHANGELOG, LEDGER) + ((MIRRORS,) if mirrors else ())}
-        met = read and points.meet(roots, CHANGELOG, read[CHANGELOG]["version"], MEET_WAIT_SECONDS)
-        # Every entry the ledger's stream has handed over is read: its stream starts no
-        # batch for them again.
-        streamed = read[LEDGER]["version"] if read else latest_version(ledger_path(settings))
-        if met and met[LEDGER].tables[LEDGER]["version"] < streamed:
-            met = None
-        ledger = met[LEDGER] if met else _ledger_point(roots[LEDGER], streamed)
+        streamed = read[CHANGELOG]["version"] if read else None
+        after = previous.changes_through if previous else None
+        there = _place(spark, settings, roots, read, previous, follows) if read else None
+        # Every entry the ledger's stream has handed over is read: at the place, or else
+        # at a ledger point of that version or later.
+        streamed_ledger = read[LEDGER]["version"] if read else latest_version(ledger_path(settings))
+        ledger = there.points[LEDGER] if there else _ledger_point(roots[LEDGER], streamed_ledger)
         through = ledger.lsn if ledger.lsn is not None else start
+        changes_through = there.points[CHANGELOG].tables[CHANGELOG]["version"] if there else streamed
+        applied = {path: version for path, version, read_through in (
+            (changelog_path(settings), changes_through, streamed),
+            (ledger.tables[LEDGER]["path"], ledger.tables[LEDGER]["version"], streamed_ledger))
+            if read_through is not None and version is not None and version < read_through}
         found = Reading(ledger=ledger.tables[LEDGER], entries_from=start, entries_before=max(start, through),
-                        inputs=None)
+                        inputs=None, changes_after=after, changes_through=changes_through, streamed=streamed,
+                        streamed_before=previous.streamed if previous else None,
+                        place=there.place if there else None, applied=applied or None)
         if read is None or start > through:  # (an earlier batch read entries beyond this point)
-            return asdict(found)
-        there = met[MIRRORS].tables if met and mirrors else {}
-        if mirrors and not met:
+            return asdict(replace(found, place=None))
+        pinned = there.points[MIRRORS].tables if there and mirrors else {}
+        if mirrors and not there:
             kept = {name: points.published(roots[name], name) for name in (CHANGELOG, MIRRORS)}
-            standing = points.standing_where(kept, CHANGELOG, read[CHANGELOG]["version"])
-            there = standing[MIRRORS].tables if standing else {}
-        if any(t.name not in there and table_exists(t.table) for t in mirrors):
+            standing = points.standing_where(kept, CHANGELOG, streamed)
+            pinned = standing.points[MIRRORS].tables if standing else {}
+        if any(t.name not in pinned and table_exists(t.table) for t in mirrors):
             # No mirrors point there, or one without a table read that exists now: as
             # they stand (a place is found only if they stay so).
-            there = {t.name: {"path": t.table, "version": latest_version(t.table)} for t in mirrors
-                     if table_exists(t.table)}
-        inputs = {t.name: there.get(t.name, {"path": t.table, "version": None}) for t in mirrors}
-        return asdict(replace(found, inputs={**inputs, CHANGELOG: read[CHANGELOG], LEDGER: ledger.tables[LEDGER]}))
+            pinned = {t.name: {"path": t.table, "version": latest_version(t.table)} for t in mirrors
+                      if table_exists(t.table)}
+        inputs = {t.name: pinned.get(t.name, {"path": t.table, "version": None}) for t in mirrors}
+        changelog_read = {"path": changelog_path(settings), "version": changes_through}
+        return asdict(replace(found, inputs={**inputs, CHANGELOG: changelog_read, LEDGER: ledger.tables[LEDGER]}))
     return Reading(**points.decision(root, projection, batch_id, decide))
+
+
+def _place(spark: SparkSession, settings: Settings, roots: dict[str, Path], read: dict[str, dict],
+           previous: Reading | None, follows: tuple[str, ...]) -> points.Standing | None:
+    """Step 1: where the batch stands, and the points of its inputs there."""
+    streamed = read[CHANGELOG]["version"]
+    after = previous.changes_through if previous else None
+    # A place before the stream's end holds the versions after it, read again from the
+    # changelog's feed: only where the feed has them and an earlier batch's end is known.
+    feed = _feed_from(spark, settings)
+    lowest = after if after is not None and feed is not None and feed <= after + 1 else streamed
+    # A place before the stream's end only if it is past the previous batch's: a batch
+    # that would stand still there holds what it read, and its inputs may not meet again
+    # for a while (then it applies what it read, and stands nowhere).
+    before = previous.place if previous and previous.place is not None else None
+
+    def latest(among: list[int] = ()) -> points.Standing | None:
+        kept = {name: points.published(root, name) for name, root in roots.items()}
+        return points.together(kept, CHANGELOG, lowest, streamed, before, among)
+    among = [d["place"] for name in follows for d in points.decisions(catalog.root(settings, name), name,
+                                                                      LEADER_DECISIONS) if d.get("place") is not None]
+    chosen = latest(among) if among else None
+    if chosen is not None and chosen.place in among:
+        return chosen
+    met = points.meet(roots, CHANGELOG, streamed, MEET_WAIT_SECONDS)
+    if met is not None and (before is None or met.place >= before):
+        return met
+    return latest()
+
+
+# The first version of each changelog's change data feed, once read (a table property).
+_feeds: dict[str, int] = {}
+
+
+def _feed_from(spark: SparkSession, settings: Settings) -> int | None:
+    path = changelog_path(settings)
+    if path not in _feeds:
+        found = change_feed_from(spark, path)
+        if found is None:  # (not yet: the changelog's query turns it on as it starts)
+            return None
+        _feeds[path] = found
+    return _feeds[path]
+
+
+def changes(spark: SparkSession, settings: Settings, read: Reading, streamed: DataFrame,
+            shape: Callable[[DataFrame], DataFrame]) -> DataFrame:
+    """Step 2: the changelog's rows the batch applies, as `shape` makes the changelog's
+    rows into the query's (`streamed`: the stream's batch's, so shaped)."""
+    again, with_stream = versions_to_read(read)
+    if again is None:
+        return streamed
+    rows = shape(versions(spark, changelog_path(settings), *again))
+    return streamed.unionByName(rows, allowMissingColumns=True) if with_stream else rows
+
+
+def versions_to_read(read: Reading) -> tuple[tuple[int, int] | None, bool]:
+    """Which of the changelog's versions (after, through] a batch reads again from its
+    feed, if any, and whether it applies its stream's batch too: a batch that stops
+    before its stream's end reads every version it applies again (it stops only where
+    an earlier batch's end is known); one that does not, the versions an earlier batch
+    held, if any, and its stream's."""
+    if read.changes_through is not None and read.streamed is not None and read.changes_through < read.streamed:
+        return (read.changes_after, read.changes_through), False
+    if read.changes_after is not None and read.streamed_before is not None \
+            and read.changes_after < read.streamed_before:
+        return (read.changes_after, read.streamed_before), True
+    return None, True
 
 
 def _ledger_point(root: Path, version: int) -> points.Point:

@@ -12,10 +12,11 @@ from pyspark.sql import functions as F
 
 from projections import derived
 from projections.changelog import changelog_path
+from projections.views.projection import NAME as VIEWS_PROJECTION
 from projections.event_time import rules as eventtime
-from projections.event_time.tables import (COMMERCE_STREAM, HOURLY, INPUTS, LATE, LEDGER, MISSING, NAME, ORDERS,
-                                           POSITION, SESSIONS, SETTING_PROPERTIES, SLIDING, STATE_KEY, VIEWS, View,
-                                           POSTING, commerce_event, path, position_of, targets)
+from projections.event_time.tables import (COMMERCE, COMMERCE_STREAM, HOURLY, INPUTS, LATE, LEDGER, MISSING, NAME,
+                                           ORDERS, POSITION, SESSIONS, SETTING_PROPERTIES, SLIDING, STATE_KEY, VIEWS,
+                                           View, POSTING, commerce_event, path, position_of, targets)
 from sync.config import Settings
 from sync.delta import deadletters
 from sync.delta.commit import BatchCommit
@@ -26,6 +27,7 @@ from sync.errors import LakesyncError
 from sync.streaming.batch import Batch
 from sync.streaming.progress import Outcome, Steps
 from sync.streaming.spark import one_of
+from sync.streaming.stream import at_or_after, start_offsets
 
 CUSTOMER_WAIT_SECONDS = 600  # how long step 3 waits for the changelog to hold an account
 # What a MERGE does with each row of its source (`_merge`).
@@ -69,6 +71,14 @@ class SettingsChanged(LakesyncError):
     """The tables were built with another watermark delay or allowed lateness."""
 
 
+def commerce_changes(settings: Settings, changelog: DataFrame) -> DataFrame:
+    """The changelog's rows as event time reads them (its stream, or its versions read
+    again): each order's and payment's first insert or snapshot row."""
+    return (changelog.where(F.col("table").isin(COMMERCE) & F.col("_op").isin("c", "r"))
+            .where(at_or_after(start_offsets(settings), "_topic", "_partition", "_offset"))
+            .select(F.lit(COMMERCE_STREAM).alias("stream"), "table", "key", "after", *POSITION))
+
+
 class EventTimeBatch(Batch):
     """The steps of the projection's docstring, in order."""
 
@@ -101,16 +111,22 @@ class EventTimeBatch(Batch):
     def apply(self, batch: DataFrame, commit: BatchCommit, steps: Steps) -> Outcome | None:
         spark = self.spark = commit.spark
         # Step 1: read and parse.
-        rows = batch.collect()
-        # The postings from the ledger as of a point of its own, not from its stream
+        # The changelog's rows through a place where the views stand too if it can, and
+        # the postings from the ledger as of a point there, not from its stream
         # (projections/derived.py), so that the tables stand at a place.
-        read = derived.reading(self.settings, NAME, commit.batch_id, mirrors=[])
-        if read is not None:
-            rows = [r for r in rows if r["stream"] != LEDGER] + derived.entries(spark, read).select(
+        read = derived.reading(spark, self.settings, NAME, commit.batch_id, mirrors=[], follows=(VIEWS_PROJECTION,))
+        commerce = batch.where(F.col("stream") == COMMERCE_STREAM)
+        if read is None:
+            rows = batch.collect()
+        else:
+            commerce = derived.changes(spark, self.settings, read, commerce,
+                                       lambda changelog: commerce_changes(self.settings, changelog))
+            rows = commerce.collect() + derived.entries(spark, read).select(
                 F.lit(LEDGER).alias("stream"), *POSTING, *POSITION).collect()
         if not rows:  # a metadata-only version of an input (a fencing stamp): nothing to do
             derived.publish(self.settings, NAME, commit.batch_id, read, targets(self.settings), self.fence)
-            return None  # (the tables stand where those versions are too)
+            # (the tables stand where those versions are too)
+            return Outcome(applied={}, stopped_short=True) if read and read.holds else None
         events, errors = [], []
         for r in rows:
             event = {c: None for c in INPUTS.columns}
@@ -126,7 +142,7 @@ class EventTimeBatch(Batch):
                     continue
             event["position"] = position_of(r)
             events.append(event)
-        dead = self._dead_letters(commit, batch, errors)
+        dead = self._dead_letters(commit, commerce, errors)
         steps.done("read")
         # Step 2: replays keep their stamps; of two rows with one event id, the first counts.
         first: dict[tuple, dict] = {}
@@ -180,7 +196,8 @@ class EventTimeBatch(Batch):
         derived.publish(self.settings, NAME, commit.batch_id, read, targets(self.settings), self.fence)
         return Outcome(applied={STATE_KEY[t]: n for t, n in applied.items()},
                        dead_letters={STATE_KEY[INPUTS.table]: dead} if dead else {}, late_events=held,
-                       watermarks={s: c.watermark(self.delay).isoformat() + "Z" for s, c in self.clocks.items()})
+                       watermarks={s: c.watermark(self.delay).isoformat() + "Z" for s, c in self.clocks.items()},
+                       stopped_short=bool(read and read.holds))
 
     # -- reading what is stored --
     def _read(self, view: View) -> DataFrame:
@@ -239,10 +256,10 @@ class EventTimeBatch(Batch):
         now = datetime.now(timezone.utc)
         return spark.createDataFrame([tuple(r.get(c) for c in view.columns) + (now,) for r in rows], view.schema)
 
-    def _dead_letters(self, commit: BatchCommit, batch: DataFrame, errors: list[DeadLetter]) -> int:
+    def _dead_letters(self, commit: BatchCommit, commerce: DataFrame, errors: list[DeadLetter]) -> int:
         if not errors:
             return 0
-        records = batch.where(F.col("stream") == COMMERCE_STREAM).select(
+        records = commerce.select(
             F.col("key").cast("binary").alias("key"), F.col("after").cast("binary").alias("value"),
             F.col("_topic").alias("topic"), F.col("_partition").alias("partition"),
             F.col("_offset").alias("offset"))

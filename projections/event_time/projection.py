@@ -55,15 +55,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from projections.event_time import oracle
-from projections.event_time.batch import EventTimeBatch
-from projections.event_time.tables import (COMMERCE, COMMERCE_STREAM, KIND, LEDGER, NAME, POSITION, POSTING,
-                                           source, targets)
+from projections.event_time.batch import EventTimeBatch, commerce_changes
+from projections.event_time.tables import KIND, LEDGER, NAME, POSITION, POSTING, source, targets
 from sync.compare import Report
 from sync.config import Settings
 from sync.delta import catalog, points
 from sync.delta.fencing import Fence
 from sync.projection import DeltaTables, Projection, Target
-from sync.streaming.stream import at_or_after, run_batches, start_offsets
+from sync.streaming.stream import run_batches
 
 
 class EventTime(Projection):
@@ -89,10 +88,7 @@ class EventTime(Projection):
 
     def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
         changelog, ledger = source(settings).paths
-        commerce = (spark.readStream.format("delta").load(changelog)
-                    .where(F.col("table").isin(COMMERCE) & F.col("_op").isin("c", "r"))
-                    .where(at_or_after(start_offsets(settings), "_topic", "_partition", "_offset"))
-                    .select(F.lit(COMMERCE_STREAM).alias("stream"), "table", "key", "after", *POSITION))
+        commerce = commerce_changes(settings, spark.readStream.format("delta").load(changelog))
         postings = (spark.readStream.format("delta").load(ledger)
                     .select(F.lit(LEDGER).alias("stream"), *POSTING, *POSITION))
         records = commerce.unionByName(postings, allowMissingColumns=True)

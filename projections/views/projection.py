@@ -120,15 +120,25 @@ class Views(Projection):
 
     def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
         changelog, ledger = self.source(settings).paths
-        changes = (spark.readStream.format("delta").load(changelog)
-                   .where(F.col("table").isin(TABLES) & F.col("_op").isin("c", "u", "d", "r"))
-                   .where(at_or_after(start_offsets(settings), "_topic", "_partition", "_offset"))
-                   .select(F.lit("change").alias("kind"), "table", "_op", "key", "after", "_commit_lsn", "_lsn",
-                           "_source_ts", "_topic", "_partition", "_offset"))
+        changes = _changes(settings, spark.readStream.format("delta").load(changelog))
         entries = (spark.readStream.format("delta").load(ledger)
                    .select(F.lit("entry").alias("kind"), "event_id", "account", "_commit_lsn", "_lsn"))
         records = changes.unionByName(entries, allowMissingColumns=True)
         return run_batches(records, NAME, ViewsBatch(settings, fence), settings, once)
+
+
+def _changes(settings: Settings, changelog: DataFrame) -> DataFrame:
+    """The changelog's rows as the views read them (its stream, or its versions read again)."""
+    return (changelog.where(F.col("table").isin(TABLES) & F.col("_op").isin("c", "u", "d", "r"))
+            .where(at_or_after(start_offsets(settings), "_topic", "_partition", "_offset"))
+            .select(F.lit("change").alias("kind"), "table", "_op", "key", "after", "_commit_lsn", "_lsn",
+                    "_source_ts", "_topic", "_partition", "_offset"))
+
+
+def _reach(changes: DataFrame) -> list:
+    """Per source table and Kafka partition of `changes`: its last offset and position."""
+    return (changes.groupBy("table", "_topic", "_partition")
+            .agg(F.max("_offset").alias("last"), F.max(F.struct("_commit_lsn", "_lsn")).alias("high")).collect())
 
 
 PROJECTION = Views()
@@ -159,13 +169,19 @@ class ViewsBatch(Batch):
         steps.done("wait_for_mirrors")
         # What the batch reads at which versions (projections/derived.py): the entries
         # from the ledger as of a point of its own, else from its stream.
-        read = derived.reading(self.settings, NAME, commit.batch_id, self.mirrors)
+        read = derived.reading(commit.spark, self.settings, NAME, commit.batch_id, self.mirrors)
         if read is None:
             entries = records.where("kind = 'entry'")
             has_entries = any(g["kind"] == "entry" for g in groups)
         else:
             entries = derived.entries(commit.spark, read).localCheckpoint()
             has_entries = not entries.isEmpty()
+            # The changelog's rows through the place the batch stands at (projections/derived.py).
+            to_place = derived.changes(commit.spark, self.settings, read, changes,
+                                       lambda changelog: _changes(self.settings, changelog))
+            if to_place is not changes:
+                changes = to_place.localCheckpoint()
+                reach = _reach(changes)
         steps.done("reading")
         entries = entries.select("event_id", "account", "_commit_lsn", "_lsn")
         contents = Contents(tables=frozenset(g["table"].removeprefix("public.") for g in reach), entries=has_entries,
@@ -173,7 +189,8 @@ class ViewsBatch(Batch):
         pins = read.pins if read else None
         if not reach and not contents.entries:  # a metadata-only version of an input (a fencing stamp)
             derived.publish(self.settings, NAME, commit.batch_id, read, PROJECTION.targets(self.settings), self.fence)
-            return None  # (the views stand where those versions are too)
+            # (the views stand where those versions are too)
+            return Outcome(applied={}, stopped_short=True) if read and read.holds else None
 
         def customers_chain(chain: BatchCommit) -> tuple[dict, Steps]:  # steps 2-3
             context, chain_steps = Context(chain, self.settings, changes, entries, contents, pins), Steps()
@@ -200,7 +217,8 @@ class ViewsBatch(Batch):
         steps.done("views")
         derived.publish(self.settings, NAME, commit.batch_id, read, PROJECTION.targets(self.settings), self.fence)
         # Recorded under the key `status` reads each view's target by (history.customers: customers).
-        return Outcome(applied={view.targets(self.settings)[0].state_key: rows for view, rows in applied.items()})
+        return Outcome(applied={view.targets(self.settings)[0].state_key: rows for view, rows in applied.items()},
+                       stopped_short=bool(read and read.holds))
 
     def _wait_for_mirrors(self, needed: dict[tuple[str, int], int]) -> None:
         deadline = time.monotonic() + MIRROR_WAIT_SECONDS

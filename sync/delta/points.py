@@ -23,9 +23,9 @@ written before its commits, and a replay keeps it), and holds the transactions a
 that place for its next batch. It waits, briefly, only for a leader about to decide.
 
 The projections fed by these tables (the views, event time) have no place of their own:
-a batch reads the changelog through whole versions, and the ledger and the mirrors as of
-their points where the changelog stands at that version (`meet`; projections/derived.py),
-so its tables then hold exactly what those versions hold. Their points are derived: each
+a batch applies the changelog, the ledger and the mirrors as of their points at a place
+where they stand together (`together`, `meet`; projections/derived.py), so its tables
+then hold exactly what those versions hold. Their points are derived: each
 names the versions its batch read (`inputs`), and the projection stands at every place
 where each of those tables is at that version (`consistent`).
 
@@ -45,7 +45,7 @@ from bisect import bisect_right
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, NamedTuple
 
 from sync.cdc.transactions import Held, decided
 from sync.config import Settings
@@ -136,6 +136,19 @@ def decision(root: Path, projection: str, batch: int, decide: Callable[[], dict]
     for old in _batches(kept)[:-POINTS_KEPT]:
         (kept / f"{old}.json").unlink(missing_ok=True)
     return made
+
+
+def decisions(root: Path, projection: str, last: int) -> list[dict]:
+    """A derived projection's `last` latest decisions, oldest first (one being replaced
+    as it is read is left out)."""
+    kept = folder(root, projection) / "decisions"
+    found = []
+    for batch in _batches(kept)[-last:]:
+        try:
+            found.append(json.loads((kept / f"{batch}.json").read_text()))
+        except FileNotFoundError:
+            continue
+    return found
 
 
 def _read(folder: Path, batch: int) -> Point:
@@ -253,20 +266,42 @@ def consistent(kept: dict[str, list[Point]], derived: dict[str, list[Point]] | N
     return found
 
 
-def standing_where(kept: dict[str, list[Point]], table: str, version: int) -> dict[str, Point] | None:
-    """Per projection of `kept` (its points oldest first), its point at the latest place
-    where all of them stand and `table` is at `version`; None if there is none."""
-    def at_version(point: Point) -> bool:
-        return table not in point.tables or point.tables[table]["version"] == version
-    reached = max((p.offset for points in kept.values() for p in points if p.offset is not None), default=None)
-    place = None if reached is None else _common_place(kept, None, reached, accept=at_version)
-    if place is None:
-        return None
+class Standing(NamedTuple):
+    """A place in commit order, and per projection its point whose tables stand there."""
+    place: int
+    points: dict[str, Point]
+
+
+def standing_where(kept: dict[str, list[Point]], table: str, version: int) -> Standing | None:
+    """The latest place where every projection of `kept` (its points oldest first) stands
+    and `table` is at `version`; None if there is none."""
+    return together(kept, table, version, version)
+
+
+def together(kept: dict[str, list[Point]], table: str, lowest: int, highest: int, after: int | None = None,
+             among: Iterable[int] = ()) -> Standing | None:
+    """The latest place after `after` where every projection of `kept` stands with `table`
+    at a version in [lowest, highest]: of the places `among`, if one is such a place;
+    None if there is none."""
+    def accept(point: Point) -> bool:
+        return table not in point.tables or lowest <= point.tables[table]["version"] <= highest
     placed = {name: [p for p in points if p.offset is not None] for name, points in kept.items()}
-    return {name: _standing_at(points, [p.offset for p in points], place) for name, points in placed.items()}
+    if not all(placed.values()):
+        return None
+    places = {name: [p.offset for p in points] for name, points in placed.items()}
+
+    def standing_at(place: int) -> dict[str, Point] | None:
+        found = {name: _standing_at(points, places[name], place) for name, points in placed.items()}
+        return found if all(found.values()) and all(map(accept, found.values())) else None
+    for place in sorted((p for p in set(among) if after is None or p > after), reverse=True):
+        if standing := standing_at(place):
+            return Standing(place, standing)
+    reached = max(offset for offsets in places.values() for offset in offsets)
+    place = _common_place(kept, after, reached, accept)
+    return None if place is None else Standing(place, standing_at(place))
 
 
-def meet(roots: dict[str, Path], table: str, version: int, wait_seconds: float) -> dict[str, Point] | None:
+def meet(roots: dict[str, Path], table: str, version: int, wait_seconds: float) -> Standing | None:
     """`standing_where` over the points of the projections in `roots` (name -> root),
     waiting up to `wait_seconds` for them to get where `table` is at `version`, but not
     once `table` has moved on and every other one has gone past it without stopping there."""

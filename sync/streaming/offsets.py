@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 
 from sync.cdc.transactions import held_after
 from sync.config import Settings
-from sync.delta import catalog
+from sync.delta import catalog, points
 from sync.errors import ServiceUnavailable
 from sync.projection import KafkaTopics, Projection
 
@@ -133,4 +133,13 @@ def processed(settings: Settings, projection: Projection) -> Offsets:
     source = projection.source(settings)
     if isinstance(source, KafkaTopics):
         return processed_offsets(checkpoint)
-    return processed_versions(checkpoint, list(source.paths))
+    done = processed_versions(checkpoint, list(source.paths))
+    # A derived batch that stopped at a place before its stream's end applied its
+    # inputs only so far (projections/derived.py `Reading.applied`): the rest is held.
+    last = last_batch(checkpoint)
+    decided = points.decision(catalog.root(settings, projection.name), projection.name, last) if last is not None \
+        else None
+    for path, version in ((decided or {}).get("applied") or {}).items():
+        if (path, 0) in done:
+            done[(path, 0)] = min(done[(path, 0)], version + 1)
+    return done

@@ -8,7 +8,8 @@ import pytest
 
 from sync.cdc.transactions import End, Held, write_held
 from sync.delta.fencing import Fence
-from sync.delta.points import Point, consistent, decision, follow, meet, published, publish, standing_where
+from sync.delta.points import (Point, consistent, decision, decisions, follow, meet, published, publish,
+                               standing_where, together)
 from sync.errors import Fenced
 from sync.streaming.offsets import whole_versions_read
 
@@ -185,10 +186,40 @@ def test_the_mirrors_point_where_the_changelog_is_at_a_version():
     log = [point(1, 10, 8, "changelog"), point(2, 20, 15, "changelog"), point(3, 30, 25, "changelog")]
     mirrors = [point(1, 10, 9, "mirror.orders"), point(2, 30, 12, "mirror.orders")]
     kept = {"changelog": log, "mirrors": mirrors}
-    assert standing_where(kept, "changelog", 1)["mirrors"].batch == 1
+    assert standing_where(kept, "changelog", 1).points["mirrors"].batch == 1
     assert standing_where(kept, "changelog", 2) is None  # the mirrors went from 10 to 30 in one batch
-    assert standing_where(kept, "changelog", 3)["mirrors"].batch == 2
+    assert standing_where(kept, "changelog", 3).points["mirrors"].batch == 2
     assert standing_where({"changelog": [], "mirrors": mirrors}, "changelog", 1) is None
+
+
+def test_a_derived_batch_stands_where_its_inputs_stand_together_with_the_changelog_in_a_range():
+    """The changelog at versions 1-4 (places 10-40), the ledger and the mirrors stopping
+    at 10, 30 and 40: they stand together at 10, at 30 until just before 35 (the first
+    transaction any of them applied next) and at 40."""
+    log = [point(v, 10 * v, 10 * v - 2, "changelog") for v in (1, 2, 3, 4)]
+    ledger = [point(1, 10, 9, "ledger"), point(2, 30, 25, "ledger"), point(3, 40, 35, "ledger")]
+    mirrors = [point(1, 10, 9, "mirror.orders"), point(2, 30, 12, "mirror.orders"), point(3, 40, 35, "mirror.orders")]
+    kept = {"changelog": log, "ledger": ledger, "mirrors": mirrors}
+    # The stream read the changelog through version 4: the latest place is 40.
+    assert together(kept, "changelog", 1, 4).place == 40
+    # Through version 3 only, from version 1 on: 34, with every input's point there.
+    found = together(kept, "changelog", 1, 3)
+    assert found.place == 34 and {n: p.batch for n, p in found.points.items()} == \
+        {"changelog": 3, "ledger": 2, "mirrors": 2}
+    # Not before a batch's previous place, nor with the changelog before the lowest version.
+    assert together(kept, "changelog", 1, 3, after=34) is None
+    assert together(kept, "changelog", 4, 4).place == 40 and together(kept, "changelog", 2, 2) is None
+    # A place a leader decided on comes first, though a later one exists.
+    assert together(kept, "changelog", 1, 4, among=[10, 30]).place == 30
+    assert together(kept, "changelog", 1, 4, among=[20]).place == 40  # (20: the mirrors went from 10 to 30)
+    assert together({**kept, "mirrors": []}, "changelog", 1, 4) is None
+
+
+def test_a_leaders_latest_decisions_are_read_oldest_first(tmp_path):
+    for batch in range(5):
+        decision(tmp_path, "views", batch, lambda b=batch: {"place": 10 * b})
+    assert [d["place"] for d in decisions(tmp_path, "views", 3)] == [20, 30, 40]
+    assert decisions(tmp_path, "event_time", 3) == []
 
 
 def test_a_derived_projections_reading_is_decided_once_per_batch(tmp_path):
@@ -212,13 +243,13 @@ def test_a_derived_projection_meets_its_inputs_where_the_changelog_is_at_the_ver
     started = time.monotonic()
     found = meet(roots, "changelog", 2, wait_seconds=10)
     later.join()
-    assert (found["changelog"].batch, found["ledger"].batch) == (2, 2) and 0.4 < time.monotonic() - started < 5
-    assert meet(roots, "changelog", 1, wait_seconds=10)["ledger"].batch == 1
+    assert (found.points["changelog"].batch, found.points["ledger"].batch) == (2, 2) and 0.4 < time.monotonic() - started < 5
+    assert meet(roots, "changelog", 1, wait_seconds=10).points["ledger"].batch == 1
     leader_points(tmp_path, "changelog", [point(3, 30, 25, "changelog")])
     leader_points(tmp_path, "ledger", [point(3, 30, 18, "ledger")])  # applied 18 and stopped at 30
     leader_points(tmp_path, "changelog", [point(4, 40, 35, "changelog")])
     started = time.monotonic()
-    assert meet(roots, "changelog", 3, wait_seconds=10)["ledger"].batch == 3
+    assert meet(roots, "changelog", 3, wait_seconds=10).points["ledger"].batch == 3
     roots["mirrors"] = tmp_path / "mirrors"
     leader_points(tmp_path, "mirrors", [point(1, 10, 9, "mirror.orders"), point(2, 40, 12, "mirror.orders")])
     assert meet(roots, "changelog", 3, wait_seconds=10) is None  # the mirrors went from 10 to 40
