@@ -19,7 +19,9 @@ they stand together (sync/delta/points.py), `Reading`:
      through the one at that place (`changes`): the stream's batch, and the versions an
      earlier batch held read again from the changelog's change data feed; what comes
      after the place is held for the next batch, which the batch asks for (as a
-     follower of the mirrors does: sync/streaming/batch.py step 5).
+     follower of the mirrors does: sync/streaming/batch.py step 5). It holds only while
+     the changelog has a version its stream has not read, so that a next batch is sure
+     to come: an idle source's transactions add none (changelog.py).
   3. The ledger's entries of the transactions since the previous batch's through that
      place, chosen by commit position: a transaction's rows carry the commit LSN of the
      one before it (sync/cdc/ordering.py), so those of the transactions up to a place are
@@ -120,6 +122,13 @@ def reading(spark: SparkSession, settings: Settings, projection: str, batch_id: 
         # Every entry the ledger's stream has handed over is read: at the place, or else
         # at a ledger point of that version or later.
         streamed_ledger = read[LEDGER]["version"] if read else latest_version(ledger_path(settings))
+        if there and streamed is not None and latest_version(changelog_path(settings)) <= streamed and (
+                there.points[CHANGELOG].tables[CHANGELOG]["version"] < streamed
+                or there.points[LEDGER].tables[LEDGER]["version"] < streamed_ledger):
+            # It would hold what its streams read, and no next batch is sure to come: the
+            # changelog has no version it has not read (an idle source's transactions
+            # add none: changelog.py), so it applies what it read and stands nowhere.
+            there = None
         ledger = there.points[LEDGER] if there else _ledger_point(roots[LEDGER], streamed_ledger)
         through = ledger.lsn if ledger.lsn is not None else start
         changes_through = there.points[CHANGELOG].tables[CHANGELOG]["version"] if there else streamed
