@@ -20,8 +20,9 @@ they stand together (sync/delta/points.py), `Reading`:
      earlier batch held read again from the changelog's change data feed; what comes
      after the place is held for the next batch, which the batch asks for (as a
      follower of the mirrors does: sync/streaming/batch.py step 5). It holds only while
-     the changelog has a version its stream has not read, so that a next batch is sure
-     to come: an idle source's transactions add none (changelog.py).
+     a next batch is sure to come, the changelog having a version its stream has not
+     read or having decided a batch that writes one (`_next_version`): an idle source's
+     transactions add none (changelog.py).
   3. The ledger's entries of the transactions since the previous batch's through that
      place, chosen by commit position: a transaction's rows carry the commit LSN of the
      one before it (sync/cdc/ordering.py), so those of the transactions up to a place are
@@ -122,12 +123,13 @@ def reading(spark: SparkSession, settings: Settings, projection: str, batch_id: 
         # Every entry the ledger's stream has handed over is read: at the place, or else
         # at a ledger point of that version or later.
         streamed_ledger = read[LEDGER]["version"] if read else latest_version(ledger_path(settings))
-        if there and streamed is not None and latest_version(changelog_path(settings)) <= streamed and (
+        if there and streamed is not None and (
                 there.points[CHANGELOG].tables[CHANGELOG]["version"] < streamed
-                or there.points[LEDGER].tables[LEDGER]["version"] < streamed_ledger):
-            # It would hold what its streams read, and no next batch is sure to come: the
-            # changelog has no version it has not read (an idle source's transactions
-            # add none: changelog.py), so it applies what it read and stands nowhere.
+                or there.points[LEDGER].tables[LEDGER]["version"] < streamed_ledger) and not _next_version(
+                    settings, streamed, MEET_WAIT_SECONDS):
+            # It would hold what its streams read, and no next batch is sure to come (an
+            # idle source's transactions add no changelog version: changelog.py), so it
+            # applies what it read and stands nowhere.
             there = None
         ledger = there.points[LEDGER] if there else _ledger_point(roots[LEDGER], streamed_ledger)
         through = ledger.lsn if ledger.lsn is not None else start
@@ -184,6 +186,27 @@ def _place(spark: SparkSession, settings: Settings, roots: dict[str, Path], read
     if met is not None and (before is None or met.place >= before):
         return met
     return latest()
+
+
+def _next_version(settings: Settings, streamed: int, wait_seconds: float) -> bool:
+    """Whether the changelog will have a version after `streamed`, and so the stream a
+    next batch, without another source transaction: it has one, or its query has
+    decided a batch that applies a change (written before its commit, and replayed after
+    a crash) after the one that made `streamed`. Under load its batch is usually under
+    way; between two of them, this waits up to `wait_seconds` for the next decision."""
+    path, root = changelog_path(settings), catalog.root(settings, CHANGELOG)
+    checkpoint = catalog.checkpoint(settings, CHANGELOG)
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        if latest_version(path) > streamed:
+            return True
+        last = points.latest(root, CHANGELOG)
+        coming = points.deciding(root, checkpoint, CHANGELOG)
+        if last is not None and last.tables[CHANGELOG]["version"] >= streamed and coming and coming.first is not None:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
 
 
 # The first version of each changelog's change data feed, once read (a table property).

@@ -353,6 +353,12 @@ def _pending(checkpoint: Path, last: Point | None) -> Point | None:
                  offset=held.through.offset, first=held.first)
 
 
+def deciding(root: Path, checkpoint: Path, projection: str) -> Point | None:
+    """The batch `projection` has decided where it stops but not yet published (its
+    commits under way, or to be replayed after a crash): where it will stand; None if none."""
+    return _pending(checkpoint, latest(root, projection))
+
+
 def follow(leaders: dict[str, tuple[Path, Path]], after: int | None, at_most: int,
            wait_seconds: float = FOLLOW_WAIT_SECONDS) -> int | None:
     """Where a batch that would apply through place `at_most` (its previous one through

@@ -1,7 +1,14 @@
 """Which changelog versions a derived batch (the views, event time) applies
-(projections/derived.py `versions_to_read`)."""
+(projections/derived.py `versions_to_read`), and when it may hold some for its next batch."""
 
-from projections.derived import Reading, versions_to_read
+from dataclasses import replace
+
+from projections.changelog import NAME as CHANGELOG
+from projections.derived import Reading, _next_version, versions_to_read
+from sync import config
+from sync.cdc.transactions import End, Held, write_held
+from sync.delta import catalog, points
+from sync.delta.fencing import Fence
 
 
 def reading(**changes):
@@ -32,3 +39,37 @@ def test_a_batch_that_held_nothing_and_stops_at_its_streams_end_reads_its_stream
     assert versions_to_read(reading(changes_after=9, streamed_before=9)) == (None, True)
     # One inside a version after a batch that held versions: those, and the stream's.
     assert versions_to_read(reading(changes_after=7, streamed_before=9)) == ((7, 9), True)
+
+
+def test_a_next_changelog_version_is_sure_once_there_or_once_the_changelog_has_decided_a_change(tmp_path):
+    """A derived batch holds what its streams read only if a next batch is sure to come
+    (projections/derived.py `_next_version`): the changelog has a version after the one
+    read, or has decided, after the batch that made it, a batch that applies a change."""
+    settings = replace(config.load(), roots=((CHANGELOG, str(tmp_path)),))
+    log = tmp_path / "changelog" / "_delta_log"
+    log.mkdir(parents=True)
+    for version in range(4):
+        (log / f"{version:020d}.json").touch()
+    (tmp_path / "fencing").mkdir()
+    (tmp_path / "fencing" / f"{1:012d}").touch()
+    fence = Fence(CHANGELOG, 1, tmp_path / "fencing")
+    checkpoint = catalog.checkpoint(settings, CHANGELOG)
+
+    def published(batch, version):
+        points.publish(tmp_path, CHANGELOG, batch, Held(through=End(batch * 10, {}, batch * 100, 0), first=batch * 10),
+                       {CHANGELOG: {"path": str(tmp_path / "changelog"), "version": version}}, fence)
+
+    def decided(batch, first):
+        write_held(checkpoint, batch, Held(through=End(batch * 10, {}, batch * 100, 0), first=first))
+
+    assert not _next_version(settings, 3, wait_seconds=0)  # idle: nothing decided
+    published(4, 2)
+    decided(5, 50)
+    assert not _next_version(settings, 3, wait_seconds=0)  # the batch deciding is the one that made 3
+    published(5, 3)
+    assert not _next_version(settings, 3, wait_seconds=0)
+    decided(6, None)
+    assert not _next_version(settings, 3, wait_seconds=0)  # a heartbeat's batch: no change, no version
+    decided(7, 70)
+    assert _next_version(settings, 3, wait_seconds=0)
+    assert _next_version(settings, 2, wait_seconds=0)  # a version after it is there
