@@ -201,7 +201,7 @@ def _next_version(settings: Settings, streamed: int, wait_seconds: float) -> boo
         if latest_version(path) > streamed:
             return True
         last = points.latest(root, CHANGELOG)
-        coming = points.deciding(root, checkpoint, CHANGELOG)
+        coming = points.deciding(checkpoint, last)
         if last is not None and last.tables[CHANGELOG]["version"] >= streamed and coming and coming.first is not None:
             return True
         if time.monotonic() >= deadline:

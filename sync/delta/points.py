@@ -341,22 +341,16 @@ def _common_place(kept: dict[str, list[Point]], after: int | None, at_most: int,
     return None
 
 
-def _pending(checkpoint: Path, last: Point | None) -> Point | None:
+def deciding(checkpoint: Path, last: Point | None) -> Point | None:
     """A projection's batch that has decided where it stops (sync/cdc/transactions.py
-    `decided`, kept for its replay too) but not yet published after `last`: where it
-    will stand."""
+    `decided`, kept for its replay too; its commits under way, or to be replayed after a
+    crash) but not yet published after `last`: where it will stand."""
     found = decided(checkpoint)
     if found is None or last is not None and last.batch >= found[0] or found[1].through is None:
         return None
     batch, held = found
     return Point(batch=batch, lsn=held.through.lsn, committed_at=None, published_at="", tables={},
                  offset=held.through.offset, first=held.first)
-
-
-def deciding(root: Path, checkpoint: Path, projection: str) -> Point | None:
-    """The batch `projection` has decided where it stops but not yet published (its
-    commits under way, or to be replayed after a crash): where it will stand; None if none."""
-    return _pending(checkpoint, latest(root, projection))
 
 
 def follow(leaders: dict[str, tuple[Path, Path]], after: int | None, at_most: int,
@@ -373,7 +367,7 @@ def follow(leaders: dict[str, tuple[Path, Path]], after: int | None, at_most: in
         waiting = False
         for name, (root, checkpoint) in leaders.items():
             last = latest(root, name)
-            pending = _pending(checkpoint, last)
+            pending = deciding(checkpoint, last)
             newest = pending or last
             if newest is None:
                 return None  # a leader that has decided nothing yet
@@ -385,7 +379,7 @@ def follow(leaders: dict[str, tuple[Path, Path]], after: int | None, at_most: in
     kept = {}
     for name, (root, checkpoint) in leaders.items():
         committed = published(root, name)
-        pending = _pending(checkpoint, committed[-1] if committed else None)
+        pending = deciding(checkpoint, committed[-1] if committed else None)
         kept[name] = committed + ([pending] if pending else [])
     return _common_place(kept, after, at_most)
 
