@@ -1,23 +1,13 @@
-"""A second Delta reader for the tests: DuckDB's delta extension (delta-kernel, no Spark,
-no JVM), and the rows of a table as both it and Spark read them, comparable."""
+"""The rows of a table as DuckDB's delta extension (sync/delta/reader.py: delta-kernel, no
+Spark, no JVM) and Spark read them, comparable."""
 
 import json
 from collections import Counter
 from pathlib import Path
 
 import duckdb
-import duckdb_extension_delta
 
 from sync.compare import plain_value
-
-
-def duckdb_with_delta() -> duckdb.DuckDBPyConnection:
-    """DuckDB with its delta extension from the pinned pip package (never downloaded)."""
-    extension = (Path(duckdb_extension_delta.__file__).parent / "extensions" / f"v{duckdb.__version__}"
-                 / "delta.duckdb_extension")
-    connection = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
-    connection.execute(f"LOAD '{extension}'")
-    return connection
 
 
 def _rows(dicts) -> Counter:

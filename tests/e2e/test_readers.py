@@ -12,8 +12,9 @@ import pytest
 from delta.tables import DeltaTable
 
 from sync.commands import all_projections
+from sync.delta import reader
 from sync.delta.merge import latest_version
-from tests.delta_readers import duckdb_rows, duckdb_with_delta, reader_features, spark_rows
+from tests.delta_readers import duckdb_rows, reader_features, spark_rows
 from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.e2e
@@ -27,7 +28,7 @@ def test_duckdb_reads_every_table_as_spark_does(stack, spark):
               for target in projection.targets(stack) if target.delta and DeltaTable.isDeltaTable(spark, target.table)}
     projections = {projection for projection, _ in tables}
     assert {"mirrors", "changelog", "ledger", "views", "event_time"} <= projections, projections
-    duck = duckdb_with_delta()
+    duck = reader.connect()
     features = set()
     for name, path in sorted(tables.items()):
         version = latest_version(path)

@@ -20,12 +20,12 @@ from sync import config
 from sync.bench import merge_scaling
 from sync.commands import snapshot
 from sync.cdc.decode import KEYLESS_KEY_SCHEMA, UNAVAILABLE
-from sync.delta import catalog, deadletters, fencing, points
+from sync.delta import catalog, deadletters, fencing, points, reader
 from sync.delta.merge import ensure_table, latest_version
 from sync.errors import Fenced
 from sync.stack.capture import NEXT_BATCH_ROW
 from sync.streaming import batch as batch_function
-from tests.delta_readers import duckdb_rows, duckdb_with_delta, reader_features, spark_rows
+from tests.delta_readers import duckdb_rows, reader_features, spark_rows
 
 pytestmark = pytest.mark.spark
 
@@ -304,7 +304,7 @@ def test_widened_type_is_applied_and_an_incompatible_one_stops_the_mirror(spark,
     path = str(mirrors.mirror_path(settings, "widgets"))
     version = latest_version(path)
     assert "typeWidening" in reader_features(path)
-    assert duckdb_rows(duckdb_with_delta(), path, version) == spark_rows(spark, path, version)
+    assert duckdb_rows(reader.connect(), path, version) == spark_rows(spark, path, version)
     apply(batch(spark, [_evolved(as_text, 3, 30, 31, qty="many")], 2), 2)
     assert set(mirror(spark, settings)) == {1, 2}
     letters = spark.read.format("delta").load(deadletters.path(settings, "mirrors")).collect()
@@ -458,7 +458,7 @@ def test_deletion_vectors_come_on_once_a_merge_copies_many_rows(spark, settings,
     # A reader without Spark honours them (docs/operations.md, "Reading the tables").
     version = latest_version(path)
     assert "deletionVectors" in reader_features(path)
-    assert duckdb_rows(duckdb_with_delta(), path, version) == spark_rows(spark, path, version)
+    assert duckdb_rows(reader.connect(), path, version) == spark_rows(spark, path, version)
 
 
 WITH_STOCK = FIELDS[:3] + [{"type": "int32", "optional": True, "default": 7, "field": "stock"}]
