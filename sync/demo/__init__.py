@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import sys
 import threading
+from collections.abc import Iterable
 from decimal import Decimal
 
 import psycopg
@@ -95,16 +96,20 @@ def open_accounts(session: Session, rng: random.Random) -> None:
             bank.deposit(session, account, Decimal(rng.randint(100_00, 5_000_00)) / 100)
 
 
-def bank_clients(settings: Settings, seed: int, clients: int = 3, operations: int = 100) -> dict[str, int]:
+def bank_clients(settings: Settings, seed: int, clients: int = 3, operations: int = 100,
+                 accounts: Iterable[int] | None = None) -> dict[str, int]:
     """`clients` concurrent clients, each doing `operations` bank operations (mostly
     transfers, hot accounts more often, now and then the reversal of a transfer), each
-    operation one transaction. Returns how
-    many committed and how many the bank refused (not enough funds, or a transfer to itself)."""
+    operation one transaction, on `accounts` (every customer's account if None). Returns
+    how many committed and how many the bank refused (not enough funds, or a transfer to
+    itself)."""
     engine = bank.engine(config.role_dsn(settings, ROLES["app"]))
+    wanted = None if accounts is None else set(accounts)
     with Session(engine) as session:
         by_currency: dict[str, list[int]] = {}
         for account, currency in session.execute(text("SELECT id, currency FROM accounts WHERE id > 0 ORDER BY id")):
-            by_currency.setdefault(currency, []).append(account)
+            if wanted is None or account in wanted:
+                by_currency.setdefault(currency, []).append(account)
     counts = {"committed": 0, "refused": 0}
     failures: list[BaseException] = []
     lock = threading.Lock()

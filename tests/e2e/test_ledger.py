@@ -43,7 +43,7 @@ def ledger_files(settings) -> dict[str, tuple[int, int]]:
 
 
 def test_concurrent_transfers_keep_the_books_balanced(stack, bank_open, db, synced):
-    counts = bank_clients(stack, seed=4, clients=4, operations=60)
+    counts = bank_clients(stack, seed=4, clients=4, operations=60, accounts=CUSTOMERS)
     assert counts["committed"] > 180, counts  # refused: a transfer to itself, or not enough funds
     # Double entry: every posting has its opposite, so all balances together stay at zero.
     assert db.execute("SELECT sum(balance) FROM accounts").fetchone()[0] == 0
