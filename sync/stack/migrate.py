@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from alembic import command
-from alembic.config import Config
 from psycopg import sql
 
 from sync.config import CONTROL_SCHEMA, PUBLICATION, ROLES, ROOT, Settings, sqlalchemy_url
@@ -12,6 +10,12 @@ from sync.stack.postgres import pg_connect
 
 
 def upgrade(settings: Settings) -> None:
+    # Alembic (and SQLAlchemy under it) imported here, not with the module: 0.3 s of every
+    # command's start otherwise (`wait`, `status`: sync.stack imports this module), and
+    # only `up` migrates.
+    from alembic import command
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(ROOT / "migrations"))
     config.set_main_option("sqlalchemy.url", sqlalchemy_url(settings.pg_dsn).replace("%", "%%"))
