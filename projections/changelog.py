@@ -53,6 +53,7 @@ from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table, latest_version, rows_added, table_properties
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
+from sync.streaming.offsets import BatchPartitions
 from sync.streaming.progress import Outcome, Steps
 from sync.streaming.stream import Ranges, at_or_after, read_ranges, read_topics, run_batches, start_offsets
 
@@ -166,8 +167,11 @@ class ChangelogBatch(Batch):
         def as_rows(marked: DataFrame) -> DataFrame:
             return (as_changelog(marked.where(~boundaries), *kept)
                     .unionByName(marked.where(boundaries).select(*kept), allowMissingColumns=True))
-        rows, held = transactions.gate(parsed(batch), commit.batch_id, catalog.checkpoint(self.settings, NAME),
-                                       self.transaction_rule, self.read_again, self.settings.whole_transactions,
+        checkpoint = catalog.checkpoint(self.settings, NAME)
+        rows, held = transactions.gate(parsed(batch), commit.batch_id, checkpoint,
+                                       self.transaction_rule, self.read_again,
+                                       BatchPartitions(self.settings, checkpoint, commit.batch_id),
+                                       self.settings.whole_transactions,
                                        keep=as_rows, until=self.settings.transactions_until, align=self.align)
         steps.done("read")
         # No version for a batch with no change to append (an idle source's: the

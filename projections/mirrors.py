@@ -64,6 +64,7 @@ from sync.delta.schema import (COLUMN_MAPPING, IncompatibleChange, column_change
 from sync.fault import crash_point
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
+from sync.streaming.offsets import BatchPartitions
 from sync.streaming.progress import Outcome, Steps
 from sync.streaming.stream import Ranges, at_or_after, read_ranges, read_topics, run_batches, start_offsets
 
@@ -262,9 +263,12 @@ class MirrorBatch(Batch):
         # held (sync/cdc/transactions.py). A local checkpoint, not a cache: MERGE refuses
         # a source with cached parts unless it copies the source first
         # (spark.databricks.delta.merge.materializeSource, sync/streaming/spark.py).
+        checkpoint = catalog.checkpoint(self.settings, NAME)
         records, held = transactions.gate(batch.where(F.col("value").isNotNull() & self.after_resnapshot),
-                                          commit.batch_id, catalog.checkpoint(self.settings, NAME),
-                                          self.transaction_rule, self.read_again, self.settings.whole_transactions,
+                                          commit.batch_id, checkpoint,
+                                          self.transaction_rule, self.read_again,
+                                          BatchPartitions(self.settings, checkpoint, commit.batch_id),
+                                          self.settings.whole_transactions,
                                           until=self.settings.transactions_until, align=self.align)
         steps.done("read")
         rows = self._tables(records)

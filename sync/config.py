@@ -35,6 +35,10 @@ TABLE_DROPS_TABLE = f"{CONTROL_SCHEMA}.table_drops"  # captured: a DROP TABLE, a
 SIGNAL_TABLE = f"{CONTROL_SCHEMA}.debezium_signal"  # captured: Debezium's signals (incremental snapshots)
 COLUMN_CHANGES_TABLE = f"{CONTROL_SCHEMA}.column_changes"  # captured: a RENAME or DROP COLUMN, at its place
 COLUMN_NAMES_TABLE = f"{CONTROL_SCHEMA}.column_names"  # what column_changes is told from (not captured)
+# Kafka compacts no record of a table topic younger than this (connectors/): until then a
+# topic holds every change, so fewer changes of a source transaction than its END counts
+# means some are still to come, never that compaction removed them (sync/cdc/transactions.py).
+COMPACTION_LAG_MS = 86_400_000
 CONNECTOR_NAME = "lakesync-postgres"
 PUBLICATION = "lakesync_pub"
 SLOT = "lakesync_slot"
@@ -154,6 +158,10 @@ class Settings:
     apply_threads: int
     max_offsets_per_trigger: int
     tombstone_hours: float
+    # Partitions of each table and outbox event topic Connect creates (a topic made before
+    # keeps its own count). The transaction topic and the drops' and column changes'
+    # topics keep one: their order is commit order.
+    topic_partitions: int
     # Where the Connect worker reaches Postgres and the secrets file: the same as ours on
     # the embedded stack, but another host/path when Connect runs in a container.
     connect_pg_address: str
@@ -297,6 +305,7 @@ def load() -> Settings:
         # Longer than Kafka's delete.retention.ms (1 day): by then no replay can bring a
         # deleted key's older records back, so its tombstone may go.
         tombstone_hours=float(_env("LAKESYNC_TOMBSTONE_HOURS", "168")),
+        topic_partitions=_whole("LAKESYNC_TOPIC_PARTITIONS", "1"),
         connect_pg_address=_env("LAKESYNC_CONNECT_PG_ADDRESS", ""),
         connect_secrets_path=_env("LAKESYNC_CONNECT_SECRETS_FILE", ""),
         search_url="" if _env("LAKESYNC_SEARCH_URL", "") == "off"
@@ -315,6 +324,13 @@ def load() -> Settings:
         projections=tuple(name.strip() for name in _env("LAKESYNC_PROJECTIONS", ",".join(PROJECTIONS)).split(",")
                           if name.strip()),
     )
+    if settings.topic_partitions < 1:
+        raise LakesyncError("LAKESYNC_TOPIC_PARTITIONS must be 1 or more")
+    if settings.topic_partitions > 1 and not settings.whole_transactions:
+        # Across partitions, only the transaction topic gives commit order (event time's
+        # stamps, the consistent points depend on it).
+        raise LakesyncError(f"LAKESYNC_TOPIC_PARTITIONS={settings.topic_partitions} needs whole source transactions: "
+                            "unset LAKESYNC_WHOLE_TRANSACTIONS=off, or use one partition")
     added = _captured_since(settings.capture_file)
     if added:
         settings = replace(settings, capture=settings.capture.plus(parse_capture(",".join(added))),

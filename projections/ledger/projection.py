@@ -70,6 +70,7 @@ from sync.delta.merge import ensure_table
 from sync.outbox import sequence_table, topic
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
+from sync.streaming.offsets import BatchPartitions
 from sync.streaming.progress import Outcome, Steps
 from sync.streaming.spark import one_of
 from sync.streaming.stream import Ranges, read_ranges, read_topics, run_batches
@@ -200,8 +201,11 @@ class LedgerBatch(Batch):
         spark = commit.spark
         ledger, balances = ledger_path(self.settings), balances_path(self.settings)
         # 0. whole source transactions only
-        gated, held = transactions.gate(batch, commit.batch_id, catalog.checkpoint(self.settings, NAME),
-                                        self.transaction_rule, self.read_again, self.settings.whole_transactions,
+        checkpoint = catalog.checkpoint(self.settings, NAME)
+        gated, held = transactions.gate(batch, commit.batch_id, checkpoint,
+                                        self.transaction_rule, self.read_again,
+                                        BatchPartitions(self.settings, checkpoint, commit.batch_id),
+                                        self.settings.whole_transactions,
                                         until=self.settings.transactions_until, align=self.align)
         gated = gated.where(F.col("topic") == topic(AGGREGATE))
         records = gated.select("key", "value", "topic", "partition", "offset", _header("source").alias("source"))

@@ -408,8 +408,7 @@ def _peer(settings: Settings, replay: dict, workdir: Path, say) -> dict:
     from sync.bench import peer
     from sync.stack.postgres import pg_connect
 
-    ranges = {topic: (start, end) for (topic, _), (start, end) in replay.items()}
-    result = peer.apply_topics(settings.kafka_bootstrap, ranges, workdir / "peer")
+    result = peer.apply_topics(settings.kafka_bootstrap, replay, workdir / "peer")
     with pg_connect(settings) as conn:
         wrong = {table: (rows, conn.execute(f'SELECT count(*) FROM public."{table}"').fetchone()[0])
                  for table, rows in result.rows.items()}

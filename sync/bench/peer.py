@@ -6,11 +6,11 @@ table per source table (lake/<table>), so the benchmark can put Lakesync's apply
 beside a straightforward alternative's, and check the alternative did the same job.
 Per topic, in this order:
 
-1. Assign partition 0 at the range's start offset (no consumer group, nothing committed)
-   and read with isolation.level=read_committed up to the range's end. The end is seen
-   as a record at or past end - 1, or as the end of the partition at or past end: with
-   exactly-once capture the last offsets of a range are often transaction markers,
-   which no consumer ever receives.
+1. Assign each of the topic's partitions at its range's start offset (no consumer group,
+   nothing committed) and read with isolation.level=read_committed up to the range's end.
+   The end is seen as a record at or past end - 1, or as the end of the partition at or
+   past end: with exactly-once capture the last offsets of a range are often transaction
+   markers, which no consumer ever receives. A key's changes are in one partition.
 2. Cut the records into batches of up to `batch_records`; each batch (apply_records):
    a. Decode each record's JSON. Tombstones (null values) carry no change. The row is
       `after`, or `before` for a delete; the position is (commit LSN, change LSN) from
@@ -77,9 +77,9 @@ class PeerResult:
     merges: int              # MERGE calls
 
 
-def apply_topics(bootstrap: str, ranges: dict[str, tuple[int, int]], lake: Path,
+def apply_topics(bootstrap: str, ranges: dict[tuple[str, int], tuple[int, int]], lake: Path,
                  batch_records: int = 50_000) -> PeerResult:
-    """Read [start, end) of partition 0 of each topic and apply it to lake/<table>."""
+    """Read [start, end) of each (topic, partition) and apply each topic to lake/<table>."""
     started = time.monotonic()
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "lakesync-bench-peer",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
@@ -89,9 +89,12 @@ def apply_topics(bootstrap: str, ranges: dict[str, tuple[int, int]], lake: Path,
     events = merges = 0
     tables = []
     try:
-        for topic, (start, end) in ranges.items():
+        by_topic: dict[str, dict[int, tuple[int, int]]] = {}
+        for (topic, partition), offsets in ranges.items():
+            by_topic.setdefault(topic, {})[partition] = offsets
+        for topic, partitions in by_topic.items():
             table_dir = Path(lake) / topic.rsplit(".", 1)[-1]
-            for batch in _batches(consumer, topic, start, end, batch_records):
+            for batch in _batches(consumer, topic, partitions, batch_records):
                 applied = apply_records(batch, table_dir)
                 events, merges = events + applied.events, merges + applied.merges
             if DeltaTable.is_deltatable(str(table_dir)):
@@ -103,36 +106,41 @@ def apply_topics(bootstrap: str, ranges: dict[str, tuple[int, int]], lake: Path,
     return PeerResult(events=events, seconds=seconds, rows=rows, merges=merges)
 
 
-def _batches(consumer: Consumer, topic: str, start: int, end: int, size: int):
-    """Step 1: lists of (key, value, offset) of at most `size` records, covering [start, end)."""
-    if start >= end:
+def _batches(consumer: Consumer, topic: str, partitions: dict[int, tuple[int, int]], size: int):
+    """Step 1: lists of (key, value, offset) of at most `size` records, covering [start, end)
+    of each partition."""
+    pending = {p: (start, end) for p, (start, end) in partitions.items() if start < end}
+    if not pending:
         return
-    consumer.assign([TopicPartition(topic, 0, start)])
-    batch, done, heard = [], False, time.monotonic()
-    while not done:
+    consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in pending.items()])
+    batch, heard = [], time.monotonic()
+    while pending:
         messages = consumer.consume(num_messages=min(size, 10_000), timeout=1.0)
         if messages:
             heard = time.monotonic()
         elif time.monotonic() - heard > STALL_SECONDS:
-            raise TimeoutError(f"{topic}: nothing to read for {STALL_SECONDS} s before offset {end}")
+            raise TimeoutError(f"{topic}: nothing to read for {STALL_SECONDS} s before the ends {pending}")
         for message in messages:
             error = message.error()
             if error is not None and error.code() != KafkaError._PARTITION_EOF:
                 raise KafkaException(error)
+            partition = message.partition()
+            if partition not in pending:
+                continue  # this partition is done (a later record fetched with the last ones)
+            end = pending[partition][1]
             # Past the range (a later record, or the end of a partition that held only
-            # transaction markers after our last record): this topic is done.
+            # transaction markers after our last record): this partition is done.
             if message.offset() >= end:
-                done = True
-                break
+                del pending[partition]
+                continue
             if error is not None:  # end of partition below `end`: the rest is still coming
                 continue
             batch.append((message.key(), message.value(), message.offset()))
+            if message.offset() == end - 1:
+                del pending[partition]
             if len(batch) == size:
                 yield batch
                 batch = []
-            if message.offset() == end - 1:
-                done = True
-                break
     if batch:
         yield batch
     consumer.unassign()

@@ -1,7 +1,8 @@
 """Whole source transactions: which changes a batch may apply, and which it must hold.
 
 Debezium (`provide.transaction.metadata`) writes a BEGIN and an END record per Postgres
-transaction to TRANSACTIONS_TOPIC (one partition, in commit order), and gives every
+transaction to TRANSACTIONS_TOPIC (one partition, in commit order: the order of the
+changes across the partitions of their topics, LAKESYNC_TOPIC_PARTITIONS), and gives every
 change it streams a `transaction` block whose id is "<xid>:<the change's LSN>". END
 names, per table, how many change events the transaction has. A snapshot read carries no
 transaction block.
@@ -41,16 +42,17 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sync.cdc.ordering import position_columns
-from sync.config import TOPIC_PREFIX
+from sync.config import COMPACTION_LAG_MS, TOPIC_PREFIX
 from sync.files import write_json_atomically
 from sync.streaming.spark import in_task_slots, one_of
 from sync.streaming.stream import Ranges
@@ -174,33 +176,68 @@ class Seen:
     last: int
 
 
+class Partitions(Protocol):
+    """The partitions of the topics a batch reads, as its offsets log and Kafka see them
+    (sync/streaming/offsets.py `BatchPartitions`)."""
+
+    def of(self, topic: str) -> list[int]:
+        """The topic's partitions (those the batch read)."""
+
+    def drained(self, topic: str, partition: int) -> bool:
+        """The batch read everything the partition holds: Kafka's end is the batch's."""
+
+
+class OnePartition:
+    """Every topic in one partition (what a test of one-partition topics gives `settle`)."""
+
+    def of(self, topic: str) -> list[int]:
+        return [0]
+
+    def drained(self, topic: str, partition: int) -> bool:
+        return False
+
+
 def settle(previous: Held, ends: Iterable[tuple[str, End]], seen: Iterable[Seen], rule: Rule | None = None,
-           until: int | None = None) -> Held:
+           until: int | None = None, partitions: Partitions = OnePartition(), now_ms: int | None = None) -> Held:
     """Steps 1-3 of the module docstring: what this batch holds. `seen` covers the held
     changes read again and the batch's own; every change not of a held transaction applies.
     `until`: a transaction whose END is at or after this offset is held, whole or not
-    (`lakesync run --once`: every projection stops at the same transaction)."""
+    (`lakesync run --once`: every projection stops at the same transaction). `partitions`:
+    how the topics are partitioned, asked only of a transaction with fewer changes than
+    END counts (`superseded`); `now_ms`: the time it is asked at (now if None)."""
     # An END at or before the last one applied is of a transaction applied before, again.
     all_ends = {**previous.ends, **{x: e for x, e in ends
                                     if previous.through is None or e.lsn > previous.through.lsn}}
     seen = list(seen)
     count_as, compacted = (rule.count_as, rule.compacted) if rule else ((lambda topic: topic), True)
     counted: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    in_topic: dict[str, set[str]] = defaultdict(set)
+    in_partition: dict[tuple[str, int], set[str]] = defaultdict(set)
     for part in seen:
         counted[part.xid][count_as(part.topic)] += part.count
-        in_topic[count_as(part.topic)].add(part.xid)
+        in_partition[(part.topic, part.partition)].add(part.xid)
 
     def later(y: str, than: End) -> bool:  # an END not read yet comes after every END read
         return y not in all_ends or all_ends[y].offset > than.offset
 
+    def superseded(x: str, end: End, topic: str) -> bool:
+        """Fewer of x's changes in `topic` than END counts, and the missing ones can only
+        have been compacted away (superseded by a later change of their key, as in a rebuild
+        from offset zero), not be still to come. A partition is in commit order, so in one
+        where a later transaction's change is here, every change of x is here too. A topic
+        of one partition: that is all. Of several: each partition must have one, or, where
+        x is older than Kafka's compaction lag (so all of it was written long ago), have
+        been read to its end."""
+        ahead = {p: any(later(y, end) for y in in_partition[(topic, p)] if y != x) for p in partitions.of(topic)}
+        if len(ahead) <= 1:
+            return any(ahead.values())
+        old = (time.time() * 1000 if now_ms is None else now_ms) - end.ts_ms >= COMPACTION_LAG_MS
+        return all(found or old and partitions.drained(topic, p) for p, found in ahead.items())
+
     def complete(x: str) -> bool:
         """Every change of x in each topic is here: as many as END counts, or fewer where
-        a later transaction's change in the topic is here too (a topic has one partition,
-        in commit order: the changes missing were compacted away, superseded by a later
-        change of their key, as in a rebuild from offset zero)."""
+        the missing ones were compacted away (`superseded`)."""
         end = all_ends[x]
-        return all(counted[x][topic] >= n or compacted and any(later(y, end) for y in in_topic[topic] if y != x)
+        return all(counted[x][topic] >= n or compacted and superseded(x, end, topic)
                    for topic, n in end.counts.items())
 
     held: set[str] = set()
@@ -259,12 +296,13 @@ def held_after(checkpoint: Path, batch_id: int) -> Held:
 
 
 def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
-         read_again: Callable[[SparkSession, Ranges], DataFrame], whole: bool = True,
+         read_again: Callable[[SparkSession, Ranges], DataFrame], partitions: Partitions, whole: bool = True,
          keep: Callable[[DataFrame], DataFrame] | None = None, until: int | None = None,
          align: Callable[[int | None, int], int | None] | None = None) -> tuple[DataFrame, Held]:
     """A batch's Kafka records (TRANSACTIONS_TOPIC's among them) -> the changes it may
     apply, checkpointed, and what it holds (written down before anything is applied).
-    `read_again` reads offset ranges of the topics, with the records' columns. Not
+    `read_again` reads offset ranges of the topics, with the records' columns;
+    `partitions`: how they are partitioned (see `settle`). Not
     `whole` (the setting off): every change applies, those held before too. `keep`: what
     of the records is checkpointed and returned (it keeps topic, partition, offset and
     the gate's own two columns); all of their columns if None. `until`: see `settle`.
@@ -300,14 +338,14 @@ def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
         held = held_after(checkpoint, batch_id)
     else:
         if whole:
-            held = _decide(marked, previous, rule, until, align)
+            held = _decide(marked, previous, rule, until, align, partitions)
         write_held(checkpoint, batch_id, held)
     applicable = ~one_of(XID, sorted(held.xids)) if held.xids else F.lit(True)
     return marked.where(~boundary & (F.col(XID).isNull() | applicable)).drop(XID, END), held
 
 
 def _decide(marked: DataFrame, previous: Held, rule: Rule, until: int | None,
-            align: Callable[[int | None, int], int | None] | None) -> Held:
+            align: Callable[[int | None, int], int | None] | None, partitions: Partitions) -> Held:
     """What a batch holds (`settle`), stopping where `align` says (see `gate`)."""
     # One aggregate for both. A boundary record has no transaction of its own (every rule's
     # xid is null there), so a group is an END alone or one transaction's changes in a
@@ -319,11 +357,11 @@ def _decide(marked: DataFrame, previous: Held, rule: Rule, until: int | None,
     ends = [end_of(row["last"], row[END], rule.counted) for row in groups if row[END] is not None]
     seen = [Seen(row[XID], row["topic"], row["partition"], row["count"], row["first"], row["last"])
             for row in groups if row[XID] is not None]
-    held = settle(previous, ends, seen, rule, until)
+    held = settle(previous, ends, seen, rule, until, partitions)
     after = previous.through.offset if previous.through else None
     if align and held.through is not None and held.through.offset != after:
         cut = align(after, held.through.offset)
         if cut is not None and cut < held.through.offset:
-            held = settle(previous, ends, seen, rule, cut + 1 if until is None else min(until, cut + 1))
+            held = settle(previous, ends, seen, rule, cut + 1 if until is None else min(until, cut + 1), partitions)
             held.stopped_short = True
     return held

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from sync.config import (COLUMN_CHANGES_TABLE, CONNECTOR_NAME, CONTROL_SCHEMA, EVENTS_TOPIC_PREFIX,
+from sync.config import (COLUMN_CHANGES_TABLE, COMPACTION_LAG_MS, CONNECTOR_NAME, CONTROL_SCHEMA, EVENTS_TOPIC_PREFIX,
                          HEARTBEAT_MAX_AGE_SECONDS, HEARTBEAT_TABLE, HEARTBEAT_WAL_BYTES,
                          PUBLICATION, ROLES, ROOT, SIGNAL_TABLE, SLOT, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings)
 from sync.errors import ServiceUnavailable, StackError
@@ -61,6 +61,7 @@ def connector_names() -> dict[str, str]:
         "PUBLICATION": PUBLICATION,
         "SLOT": SLOT, "CAPTURE_ROLE": ROLES["capture"],
         "EVENTS_TOPIC_PREFIX": EVENTS_TOPIC_PREFIX,  # the outbox router's topics
+        "COMPACTION_LAG_MS": str(COMPACTION_LAG_MS),
     }
 
 
@@ -73,7 +74,7 @@ def render_connector(settings: Settings) -> tuple[str, dict[str, str]]:
               "pg_database": settings.pg_database, "secrets_file": str(settings.connect_secrets_file),
               # The capture set as Debezium's patterns (already regular expressions).
               "capture_include_list": ",".join(settings.capture.include_list()),
-              "outbox_table": settings.outbox_table}
+              "outbox_table": settings.outbox_table, "topic_partitions": str(settings.topic_partitions)}
 
     def fill(match: re.Match) -> str:
         name, regex = match.groups()

@@ -66,6 +66,32 @@ def batch_ends(checkpoint: Path, batch: int) -> Offsets:
     return ends
 
 
+class BatchPartitions:
+    """The partitions of the topics batch `batch` of a Kafka-fed query reads, from its
+    offsets log (written before the batch runs), and whether it read each to Kafka's end
+    (asked of Kafka at most once per topic): sync/cdc/transactions.py `Partitions`."""
+
+    def __init__(self, settings: Settings, checkpoint: Path, batch: int):
+        self.settings, self.checkpoint, self.batch = settings, checkpoint, batch
+        self._ends: Offsets | None = None
+        self._kafka_ends: dict[str, Offsets] = {}
+
+    def _batch_ends(self) -> Offsets:
+        if self._ends is None:
+            logged = self.checkpoint / "offsets" / str(self.batch)
+            self._ends = batch_ends(self.checkpoint, self.batch) if logged.is_file() else {}
+        return self._ends
+
+    def of(self, topic: str) -> list[int]:
+        return sorted(p for t, p in self._batch_ends() if t == topic) or [0]
+
+    def drained(self, topic: str, partition: int) -> bool:
+        if topic not in self._kafka_ends:
+            self._kafka_ends[topic] = end_offsets(self.settings, re.escape(topic))
+        read = self._batch_ends().get((topic, partition))
+        return read is not None and self._kafka_ends[topic].get((topic, partition)) == read
+
+
 def processed_offsets(checkpoint: Path) -> Offsets:
     """The end offsets of the last batch the query committed (from its checkpoint), or
     where the changes it holds start (sync/cdc/transactions.py): those are not applied."""

@@ -1,5 +1,7 @@
 """The chaos run has a stack of its own (`make chaos`): another home and other ports, so
-it never meets the end-to-end session's stack, even when both run at once."""
+it never meets the end-to-end session's stack, even when both run at once. Its topics
+have four partitions (LAKESYNC_TOPIC_PARTITIONS): the faults then also meet changes of
+one source transaction spread over partitions, read and held apart."""
 
 import os
 
@@ -13,6 +15,7 @@ os.environ.update({
     "LAKESYNC_SEARCH_URL": "http://127.0.0.1:24200",
     "LAKESYNC_METRICS_PORT": "24400",
     "LAKESYNC_SPARK_MASTER_PORT": "24077",
+    "LAKESYNC_TOPIC_PARTITIONS": "4",
 })
 
 from tests.e2e.conftest import app_db, db, stack, synced  # noqa: E402,F401  (the same fixtures)

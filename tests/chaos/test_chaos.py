@@ -22,6 +22,7 @@ from decimal import Decimal
 
 import psycopg
 import pytest
+from confluent_kafka.admin import AdminClient
 from pyspark.sql import functions as F
 from sqlalchemy import exc, text
 from sqlalchemy.orm import Session
@@ -162,6 +163,13 @@ def consistent_place(settings) -> int | None:
     return found[-1].offset if found else None
 
 
+def topic_partitions(settings) -> dict[str, int]:
+    """Each of the stack's topics (without the prefix): its partitions."""
+    topics = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(timeout=10).topics
+    return {name.removeprefix(f"{config.TOPIC_PREFIX}."): len(meta.partitions) for name, meta in sorted(topics.items())
+            if name.startswith(f"{config.TOPIC_PREFIX}.")}
+
+
 def test_chaos_loses_and_doubles_nothing(stack, app_db, synced, spark):
     app_db.execute("INSERT INTO products (id, sku, name, price) VALUES (990001, 'CHAOS', 'chaos', 9.99) "
                    "ON CONFLICT DO NOTHING")
@@ -213,6 +221,7 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced, spark):
         "tables_compared": len(reports),
         "consistent_point_at_faults": points_at_faults,
         "consistent_point_at_end": point.offset,
+        "partitions": topic_partitions(stack),
     }
     (stack.home / "chaos.json").write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures, indent=2))
@@ -221,3 +230,6 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced, spark):
     assert figures["differences"] == 0 and {"ledger", "ledger.balances"} <= set(reports)
     assert all(at is None or point.offset > at for at in points_at_faults), "the consistent point did not move on"
     assert unequal == 0 and unbalanced == [], f"at the consistent point: {unequal} balances differ, {unbalanced[:3]}"
+    # The changes came through four partitions per topic, in commit order through one.
+    assert {figures["partitions"][t] for t in ("public.accounts", "public.orders", "events.account")} == {4}
+    assert figures["partitions"]["transaction"] == 1

@@ -162,8 +162,11 @@ def test_only_tombstones_make_no_merge(table_dir):
 
 
 class Message:
-    def __init__(self, offset, eof=False):
-        self._offset, self._eof = offset, eof
+    def __init__(self, offset, eof=False, partition=0):
+        self._offset, self._eof, self._partition = offset, eof, partition
+
+    def partition(self):
+        return self._partition
 
     def error(self):
         return KafkaError(KafkaError._PARTITION_EOF) if self._eof else None
@@ -201,18 +204,25 @@ def offsets(batches):
 def test_reading_stops_at_the_end_of_the_range():
     # The range ends on transaction markers (offsets 4, 5 never arrive): end of partition at 6.
     consumer = Consumer([Message(1), Message(2)], [Message(3), Message(6, eof=True)])
-    assert offsets(peer._batches(consumer, "t", 1, 6, 2)) == [[1, 2], [3]]
+    assert offsets(peer._batches(consumer, "t", {0: (1, 6)}, 2)) == [[1, 2], [3]]
     # A record past the range ends it too, and is not taken.
     consumer = Consumer([Message(0), Message(3), Message(7), Message(8)])
-    assert offsets(peer._batches(consumer, "t", 0, 5, 10)) == [[0, 3]]
+    assert offsets(peer._batches(consumer, "t", {0: (0, 5)}, 10)) == [[0, 3]]
     # An end of partition below the end waits for the rest; the last offset ends it at once.
     consumer = Consumer([Message(0), Message(1, eof=True)], [], [Message(1), Message(2)], [Message(3)])
-    assert offsets(peer._batches(consumer, "t", 0, 2, 10)) == [[0, 1]]
+    assert offsets(peer._batches(consumer, "t", {0: (0, 2)}, 10)) == [[0, 1]]
     assert len(consumer.polls) == 1  # not read
-    assert list(peer._batches(Consumer(), "t", 4, 4, 10)) == []
+    assert list(peer._batches(Consumer(), "t", {0: (4, 4)}, 10)) == []
+
+
+def test_every_partition_of_a_topic_is_read_to_its_own_end():
+    consumer = Consumer([Message(0, partition=1), Message(5, partition=0), Message(1, partition=1)],
+                        [Message(2, partition=1), Message(6, partition=0), Message(3, eof=True, partition=1)])
+    assert offsets(peer._batches(consumer, "t", {0: (5, 7), 1: (0, 3), 2: (9, 9)}, 10)) == [[0, 5, 1, 2, 6]]
+    assert consumer.polls == [] and consumer.assigned is None
 
 
 def test_a_range_that_never_arrives_fails_instead_of_hanging(monkeypatch):
     monkeypatch.setattr(peer, "STALL_SECONDS", 0)
     with pytest.raises(TimeoutError):
-        list(peer._batches(Consumer([Message(0)]), "t", 0, 5, 10))
+        list(peer._batches(Consumer([Message(0)]), "t", {0: (0, 5)}, 10))

@@ -117,12 +117,36 @@ def test_connector_template_holds_no_name_of_its_own(monkeypatch, tmp_path):
     assert leftover == {}
 
 
+def test_topic_partitions_are_a_setting_and_the_ordered_topics_keep_one(monkeypatch, tmp_path):
+    monkeypatch.setenv("LAKESYNC_HOME", str(tmp_path))
+    assert render_connector(config.load())[1]["topic.creation.default.partitions"] == "1"
+    monkeypatch.setenv("LAKESYNC_TOPIC_PARTITIONS", "4")
+    rendered = render_connector(config.load())[1]
+    assert rendered["topic.creation.default.partitions"] == "4"
+    assert "ordered" in rendered["topic.creation.groups"].split(",")
+    assert rendered["topic.creation.ordered.partitions"] == "1"
+    ordered = [re.compile(p) for p in rendered["topic.creation.ordered.include"].split(",")]
+    for name in (f"{config.TOPIC_PREFIX}.transaction", f"{config.TOPIC_PREFIX}.{config.TABLE_DROPS_TABLE}",
+                 f"{config.TOPIC_PREFIX}.{config.COLUMN_CHANGES_TABLE}"):
+        assert any(p.fullmatch(name) for p in ordered)
+    assert not any(p.fullmatch(f"{config.TOPIC_PREFIX}.public.accounts") for p in ordered)
+    assert rendered["topic.creation.ordered.min.compaction.lag.ms"] == str(config.COMPACTION_LAG_MS)
+    # Across partitions, only the transaction topic orders the changes: the two go together.
+    monkeypatch.setenv("LAKESYNC_WHOLE_TRANSACTIONS", "off")
+    with pytest.raises(config.LakesyncError, match="LAKESYNC_TOPIC_PARTITIONS=4 needs whole source transactions"):
+        config.load()
+    for bad in ("0", "four"):
+        monkeypatch.setenv("LAKESYNC_TOPIC_PARTITIONS", bad)
+        with pytest.raises(config.LakesyncError, match="LAKESYNC_TOPIC_PARTITIONS"):
+            config.load()
+
+
 def test_connector_template_placeholders_are_all_known():
     spec = json.loads(connect.CONNECTOR_TEMPLATE.read_text())
     used = {m.group(1) for entry in [{"value": spec["name"]}, *spec["config"].values()]
             for m in connect.PLACEHOLDER.finditer(entry["value"])}
     assert used <= set(connect.connector_names()) | {"pg_host", "pg_port", "pg_database", "secrets_file",
-                                                     "capture_include_list", "outbox_table"}
+                                                     "capture_include_list", "outbox_table", "topic_partitions"}
     assert all("doc" in entry for entry in spec["config"].values())  # each property says why it is set
 
 

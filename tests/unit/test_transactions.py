@@ -4,6 +4,7 @@ from END records as Debezium 3.5 writes them (checked against a live connector).
 import json
 
 from sync.cdc.transactions import End, Held, Rule, Seen, end_of, held_after, held_before, settle, write_held
+from sync.config import COMPACTION_LAG_MS
 
 ACCOUNTS, POSTINGS = "lakesync.public.accounts", "lakesync.public.postings"
 
@@ -96,6 +97,47 @@ def test_changes_compacted_away_do_not_hold_a_transaction_when_a_later_one_came_
     assert nothing_held(settle(Held(), ends, [seen("1", ACCOUNTS, 1, 10), seen("2", ACCOUNTS, 1, 12)]))
     # Without a later change in the topic, the missing one may still come: held.
     assert settle(Held(), ends[:1], [seen("1", ACCOUNTS, 1, 10)]).xids == {"1"}
+
+
+class Partitions:
+    """Topics of `count` partitions, of which `drained` were read to their end."""
+
+    def __init__(self, count, drained=()):
+        self.count, self.read_to_end = count, set(drained)
+
+    def of(self, topic):
+        return list(range(self.count))
+
+    def drained(self, topic, partition):
+        return (topic, partition) in self.read_to_end
+
+
+def test_a_transaction_across_partitions_applies_once_every_partition_brought_its_changes():
+    end = [("1", End(0, {ACCOUNTS: 3}, ts_ms=1_000))]
+    held = settle(Held(), end, [seen("1", ACCOUNTS, 2, 10, partition=0)], partitions=Partitions(4), now_ms=2_000)
+    assert held.xids == {"1"} and held.ranges == {(ACCOUNTS, 0): (10, 12)}
+    assert nothing_held(settle(held, [], [seen("1", ACCOUNTS, 2, 10, partition=0), seen("1", ACCOUNTS, 1, 7, partition=3)],
+                               partitions=Partitions(4), now_ms=2_000))
+
+
+def test_changes_compacted_away_across_partitions_need_a_later_change_or_the_end_in_every_partition():
+    """1 changed three keys: one in partition 0, now superseded by 2's change and compacted
+    away, and two in partition 1; partitions 2 and 3 hold none of 1's."""
+    ends = [("1", End(0, {ACCOUNTS: 3}, ts_ms=1_000)), ("2", End(1, {ACCOUNTS: 1}, ts_ms=1_100))]
+    changes = [seen("1", ACCOUNTS, 2, 10, partition=1), seen("2", ACCOUNTS, 1, 20, partition=0)]
+    old = 1_100 + COMPACTION_LAG_MS
+    # A later change in partition 0 alone: 1's third change may still come in 2 or 3.
+    assert settle(Held(), ends, changes, partitions=Partitions(4), now_ms=old).xids == {"1", "2"}
+    # Every partition read to its end, or with a later change, and 1 older than the
+    # compaction lag: nothing more of it can come.
+    everything = Partitions(4, drained=[(ACCOUNTS, 1), (ACCOUNTS, 2), (ACCOUNTS, 3)])
+    assert nothing_held(settle(Held(), ends, changes, partitions=everything, now_ms=old))
+    # Younger than the lag, nothing was compacted: the change is still to come, held.
+    assert settle(Held(), ends, changes, partitions=everything, now_ms=old - 1_000).xids == {"1", "2"}
+    # A later change in every partition (2's in 1, 2, 3 too): whatever its age.
+    later = changes + [seen("2", ACCOUNTS, 1, 30 + p, partition=p) for p in (1, 2, 3)]
+    ends = [ends[0], ("2", End(1, {ACCOUNTS: 4}, ts_ms=1_100))]
+    assert nothing_held(settle(Held(), ends, later, partitions=Partitions(4), now_ms=2_000))
 
 
 # -- the ledger's rule: events of any aggregate type, counted against the sequence table --
