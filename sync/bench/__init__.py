@@ -71,7 +71,8 @@ def run(settings: Settings, events: int, rate: float, seconds: float, sizes: lis
     figures: dict = {"machine": report.machine(), "events": events,
                      "taken_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                      # the mirrors, the changelog and the ledger hold what is not a whole source transaction yet
-                     "whole_transactions": settings.whole_transactions}
+                     "whole_transactions": settings.whole_transactions,
+                     "topic_partitions": settings.topic_partitions}  # of each table and event topic
     say(f"1/9 stack up in {settings.home}; seeding; runner started")
     stack.up(settings, say=lambda text: None)
     _seed(settings)
