@@ -15,14 +15,15 @@ reported. The figures go to <home>/chaos.json.
 import json
 import os
 import random
+import re
 import signal
 import threading
 import time
+from collections import Counter
 from decimal import Decimal
 
 import psycopg
 import pytest
-from confluent_kafka.admin import AdminClient
 from pyspark.sql import functions as F
 from sqlalchemy import exc, text
 from sqlalchemy.orm import Session
@@ -34,6 +35,7 @@ from sync.demo import bank
 from sync.stack import Connect, Kafka, Postgres
 from sync.stack.background import start_background
 from sync.stack.process import pid_alive, read_pid, wait_until
+from sync.streaming.offsets import end_offsets
 from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.chaos
@@ -165,9 +167,9 @@ def consistent_place(settings) -> int | None:
 
 def topic_partitions(settings) -> dict[str, int]:
     """Each of the stack's topics (without the prefix): its partitions."""
-    topics = AdminClient({"bootstrap.servers": settings.kafka_bootstrap}).list_topics(timeout=10).topics
-    return {name.removeprefix(f"{config.TOPIC_PREFIX}."): len(meta.partitions) for name, meta in sorted(topics.items())
-            if name.startswith(f"{config.TOPIC_PREFIX}.")}
+    prefix = f"{config.TOPIC_PREFIX}."
+    return dict(sorted(Counter(topic.removeprefix(prefix)
+                               for topic, _ in end_offsets(settings, re.escape(prefix) + ".*")).items()))
 
 
 def test_chaos_loses_and_doubles_nothing(stack, app_db, synced, spark):
