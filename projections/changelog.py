@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Callable
 
 from delta.tables import DeltaTable
@@ -51,6 +50,7 @@ from sync.delta import catalog, points
 from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table, latest_version, rows_added, table_properties
+from sync.lake import LakePath
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
 from sync.streaming.offsets import BatchPartitions
@@ -199,7 +199,7 @@ class Changelog(Projection):
         return [Target(name=NAME, kind=KIND, table=changelog_path(settings), keys=["_topic", "_partition", "_offset"],
                        source=TOPICS.pattern)]
 
-    def state_paths(self, settings: Settings) -> list[Path]:
+    def state_paths(self, settings: Settings) -> list[LakePath]:
         """The changelog's consistent points (sync/delta/points.py): they name its version."""
         return [points.folder(catalog.root(settings, NAME), NAME)]
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Callable
 
 from pyspark.sql import DataFrame, SparkSession
@@ -53,6 +52,7 @@ from sync.delta import catalog, points
 from sync.delta.fencing import Fence
 from sync.delta.merge import latest_version, table_exists
 from sync.errors import LakesyncError
+from sync.lake import LakePath
 from sync.projection import Target
 from sync.streaming.offsets import whole_versions_read
 
@@ -160,7 +160,7 @@ def reading(spark: SparkSession, settings: Settings, projection: str, batch_id: 
     return Reading(**points.decision(root, projection, batch_id, decide))
 
 
-def _place(spark: SparkSession, settings: Settings, roots: dict[str, Path], read: dict[str, dict],
+def _place(spark: SparkSession, settings: Settings, roots: dict[str, LakePath], read: dict[str, dict],
            previous: Reading | None, follows: tuple[str, ...]) -> points.Standing | None:
     """Step 1: where the batch stands, and the points of its inputs there."""
     streamed = read[CHANGELOG]["version"]
@@ -248,7 +248,7 @@ def versions_to_read(read: Reading) -> tuple[tuple[int, int] | None, bool]:
     return None, True
 
 
-def _ledger_point(root: Path, version: int) -> points.Point:
+def _ledger_point(root: LakePath, version: int) -> points.Point:
     """The ledger's latest point, once it names `version` or a later one (a point is
     written just after its batch commits; a stamp's version, at a run's start, once the
     ledger's first batch of the run has published)."""

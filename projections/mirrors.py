@@ -32,7 +32,6 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Callable
 
 from delta.tables import DeltaTable
@@ -42,10 +41,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from sync.cdc import columns as column_changes
+from sync.cdc import transactions
 from sync.cdc.columns import (COLUMNS_TOPIC, ColumnChange, current_columns, current_names, earlier_names, precedes,
                               until)
 from sync.cdc.decode import ERROR, PROVENANCE, UNCHANGED, as_mirrored, decode_changes, is_keyless, mirrored
-from sync.cdc import transactions
 from sync.cdc.ordering import Position, newer_than_literal, parse_sequence, position_columns
 from sync.cdc.types import ColumnType, columns, key_columns, quoted, table_columns
 from sync.config import (CONTROL_SCHEMA, DEFAULT_SCHEMA, EVENTS_TOPIC_PREFIX, TABLE_DROPS_TABLE, TOPIC_PREFIX, Settings,
@@ -62,6 +61,7 @@ from sync.delta.multiset import additions, copies_removed, merge_multiset, signe
 from sync.delta.schema import (COLUMN_MAPPING, IncompatibleChange, column_changes_followed, column_changes_property,
                                evolve, finish_backfill, follow_column_changes, sql_string)
 from sync.fault import crash_point
+from sync.lake import LakePath
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
 from sync.streaming.offsets import BatchPartitions
@@ -108,15 +108,15 @@ def table_of(topic: str) -> str:
     return mirror_name(*topic[len(TOPIC_PREFIX) + 1:].split(".", 1))
 
 
-def mirror_path(settings: Settings, table: str) -> Path:
+def mirror_path(settings: Settings, table: str) -> LakePath:
     return catalog.root(settings, NAME) / "mirrors" / table
 
 
-def tombstone_path(settings: Settings, table: str) -> Path:
+def tombstone_path(settings: Settings, table: str) -> LakePath:
     return catalog.root(settings, NAME) / "tombstones" / table
 
 
-def moved_path(settings: Settings, table: str) -> Path:
+def moved_path(settings: Settings, table: str) -> LakePath:
     """Rows a key change moved away in one batch, for the batch bringing its create
     (sync/delta/keychanges.py)."""
     return catalog.root(settings, NAME) / "moved" / table
@@ -162,7 +162,7 @@ class Mirrors(Projection):
     def lag_of(self, target: Target, lag_by_topic: dict[str, int]) -> int:
         return lag_by_topic.get(f"{TOPIC_PREFIX}.{target.source}", 0)
 
-    def state_paths(self, settings: Settings) -> list[Path]:
+    def state_paths(self, settings: Settings) -> list[LakePath]:
         """What the mirrors keep besides their tables: the tombstones, the rows moved away,
         the consistent points (a reset's new tables make the old ones meaningless)."""
         return [catalog.root(settings, NAME) / "tombstones", catalog.root(settings, NAME) / "moved",

@@ -13,9 +13,11 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
+from sync import lake
 from sync.errors import LakesyncError
+from sync.lake import LakePath
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,18 +125,13 @@ def _seconds(name: str, default: str) -> int:
     return _whole(name, default, " of seconds")
 
 
-def _lake(value: str) -> Path:
-    """LAKESYNC_LAKE: a local directory, as a path or a file: URI. Any other URI (s3a://,
-    abfss://, hdfs://) is refused in one line: the checkpoints, the catalog, the points
-    and the fencing epochs are local files (issue 24), and before this check such a
-    value quietly became a local folder named after the URI."""
-    parts = urlsplit(value)
-    if parts.scheme == "file":
-        return Path(unquote(parts.path)).resolve()
-    if "://" in value:
-        raise LakesyncError(f"LAKESYNC_LAKE={value}: the lake must be a local directory (a path or a file: "
-                            f"URI); a lake at a {parts.scheme}: URI is not supported yet")
-    return Path(value).resolve()
+def _lake(value: str) -> LakePath:
+    """LAKESYNC_LAKE: a local directory (a path or a file: URI) or a bucket's prefix
+    (s3a://BUCKET/PREFIX, sync/lake.py); any other URI is refused in one line."""
+    try:
+        return lake.at(value)
+    except LakesyncError as error:
+        raise LakesyncError(f"LAKESYNC_LAKE={error}") from None
 
 
 def _port(url: str, default: int) -> int:
@@ -144,7 +141,7 @@ def _port(url: str, default: int) -> int:
 @dataclass(frozen=True)
 class Settings:
     home: Path
-    lake: Path
+    lake: LakePath
     jars: Path
     pg_dsn: str
     kafka_bootstrap: str

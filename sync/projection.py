@@ -7,18 +7,19 @@ the projection's own `check`). The commands (runner, status, wait, verify, rebui
 resnapshot) drive every projection through this type alone; the per-batch work lives
 in `sync.streaming.batch.Batch`.
 
-This module sits at the bottom of the layers with sync/config.py: it imports nothing
-else of the project at run time.
+This module sits at the bottom of the layers with sync/config.py and sync/lake.py: it
+imports nothing else of the project at run time.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sync import lake
 from sync.config import Settings
+from sync.lake import LakePath
 
 if TYPE_CHECKING:  # annotations only
     from pyspark.sql import SparkSession
@@ -70,7 +71,7 @@ class DeltaTables:
 
     def exist(self) -> bool:
         """A Delta stream needs its table: such a query starts once all exist."""
-        return all((Path(path) / "_delta_log").is_dir() for path in self.paths)
+        return all((lake.at(path) / "_delta_log").is_dir() for path in self.paths)
 
 
 Source = KafkaTopics | DeltaTables
@@ -115,7 +116,7 @@ class Projection(ABC):
         """A target's share of the projection's lag (per input topic or table)."""
         return sum(lag_by_input.values())
 
-    def state_paths(self, settings: Settings) -> list[Path]:
+    def state_paths(self, settings: Settings) -> list[LakePath]:
         """What the projection keeps besides its targets and checkpoint (a swap or a
         resnapshot removes it with them)."""
         return []

@@ -70,3 +70,30 @@ def spark():
     session = spark_session.session(config.load(), "lakesync-tests", console=True)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def object_store():
+    """The tests' S3-compatible server (moto's: tests/object_store.py) and its bucket
+    `lake`; the AWS SDK's variables point at it while the session runs."""
+    from tests.object_store import s3_server
+
+    with s3_server(Path(os.environ["LAKESYNC_HOME"]) / "logs" / "moto.log") as endpoint:
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="lake")
+        yield endpoint
+
+
+@pytest.fixture
+def bucket_lake(spark, object_store, request):
+    """A lake of the test's own in the bucket (s3a://lake/<test>), and the session's Spark
+    given the S3A options a session on such a lake starts with (sync/streaming/spark.py)."""
+    import re
+
+    from sync import lake
+
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in lake.s3a_options().items():
+        hadoop.set(key, value)
+    return lake.ObjectPath("lake", re.sub(r"[^\w-]", "-", request.node.name))

@@ -48,7 +48,6 @@ Oracle: "streaming equals batch": `check` recomputes every table in Spark batch 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -61,6 +60,7 @@ from sync.compare import Report
 from sync.config import Settings
 from sync.delta import catalog, points
 from sync.delta.fencing import Fence
+from sync.lake import LakePath
 from sync.projection import DeltaTables, Projection, Target
 from sync.streaming.stream import run_batches
 
@@ -79,7 +79,7 @@ class EventTime(Projection):
     def targets(self, settings: Settings) -> list[Target]:
         return targets(settings)
 
-    def state_paths(self, settings: Settings) -> list[Path]:
+    def state_paths(self, settings: Settings) -> list[LakePath]:
         """Event time's points (sync/delta/points.py): they name its tables' versions."""
         return [points.folder(catalog.root(settings, NAME), NAME)]
 

@@ -24,7 +24,6 @@ a second. What each one proves:
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -32,6 +31,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from projections.ledger import balances_path, chain, ledger_path
+from sync import lake
 from sync.config import Settings
 from sync.errors import LakesyncError
 
@@ -49,7 +49,8 @@ def _table(path: str, version: int | None = None, as_of: datetime | None = None)
     from deltalake.exceptions import DeltaError, TableNotFoundError
 
     try:
-        table = DeltaTable(path, version=version)
+        table = DeltaTable(lake.reader_uri(path), version=version,
+                           storage_options=lake.reader_options() if lake.on_object_storage(path) else None)
         if as_of is not None:
             table.load_as_version(as_of)
     except TableNotFoundError:
@@ -76,10 +77,11 @@ def _rows(path: str, table, columns: list[str] | None = None, sort: list[str] | 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    files = [str(Path(path) / unquote(p)) for p in
+    files = [lake.at(path) / unquote(p) for p in
              pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()]
-    try:
-        parts = [pq.read_table(file, columns=columns) for file in files]
+    try:  # (a bucket's file read whole: the ledger's files are small)
+        parts = [pq.read_table(str(file) if isinstance(file, Path) else pa.BufferReader(file.read_bytes()),
+                               columns=columns) for file in files]
     except OSError as error:
         raise NotALedger(f"cannot read the ledger's data files: {error}") from None
     if not parts:
@@ -98,7 +100,7 @@ def file_problems(path: str, table) -> list[str]:
 
     problems = []
     for action in pa.table(table.get_add_actions(flatten=True)).select(["path", "size_bytes"]).to_pylist():
-        file = Path(path) / unquote(action["path"])
+        file = lake.at(path) / unquote(action["path"])
         if not file.exists():
             problems.append(f"data file {action['path']} is listed in the Delta log but missing")
         elif file.stat().st_size != action["size_bytes"]:
@@ -124,7 +126,7 @@ def verify(path: str, digest: str | None = None, balances: str | None = None) ->
         return problems, {"version": table.version()}
     entries = load(path, table=table)
     problems = [str(p) for p in chain.check(entries)]
-    if balances and not problems and os.path.isdir(os.path.join(balances, "_delta_log")):
+    if balances and not problems and (lake.at(balances) / "_delta_log").is_dir():
         problems = _balance_problems(balances, entries)
     summary = {"version": table.version(), "entries": len(entries), "accounts": len(heads(entries))}
     if digest and not problems:
@@ -257,7 +259,7 @@ def query(settings: Settings, sql: str) -> tuple[list[str], list[tuple]]:
     statement = read_only(sql)
     builder = QueryBuilder()
     for name, path in (("ledger", ledger_path(settings)), ("ledger_balances", balances_path(settings))):
-        if os.path.isdir(os.path.join(path, "_delta_log")):
+        if (lake.at(path) / "_delta_log").is_dir():
             builder = builder.register(name, _table(path))
     try:
         result = pa.table(builder.execute(statement).read_all())

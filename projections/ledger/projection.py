@@ -49,7 +49,6 @@ import json
 import re
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal, InvalidOperation
-from pathlib import Path
 from typing import Any, Callable
 
 from delta.tables import DeltaTable
@@ -58,6 +57,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from projections.ledger import AGGREGATE, MAX_AMOUNT, SCALE, audit, balances_path, chain, ledger_path
+from sync import lake
 from sync.cdc import transactions
 from sync.cdc.ordering import parse_sequence
 from sync.compare import Report, compare
@@ -67,6 +67,7 @@ from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table
+from sync.lake import LakePath
 from sync.outbox import sequence_table, topic
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
@@ -338,7 +339,7 @@ class Ledger(Projection):
                 Target(name=f"{NAME}.balances", kind="balances", table=balances_path(settings), keys=["account"],
                        oracle_sql=BALANCES_ORACLE, source="accounts")]
 
-    def state_paths(self, settings: Settings) -> list[Path]:
+    def state_paths(self, settings: Settings) -> list[LakePath]:
         """The ledger's consistent points (sync/delta/points.py): they name its tables' versions."""
         return [points.folder(catalog.root(settings, NAME), NAME)]
 
@@ -354,7 +355,7 @@ class Ledger(Projection):
         expected = conn.execute("SELECT aggregate_id::bigint, last_seq FROM outbox_sequence "
                                 "WHERE aggregate_type = %s AND aggregate_id ~ '^-?[0-9]{1,18}$'",
                                 (AGGREGATE,)).fetchall()
-        exists = (Path(target.table) / "_delta_log").is_dir()
+        exists = (lake.at(target.table) / "_delta_log").is_dir()
         entries = audit.load(target.table) if exists else []
         counts: dict[int, int] = {}
         for entry in entries:

@@ -48,7 +48,6 @@ Oracle: each view's defining SQL on Postgres (order_docs, customer_order_summary
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -69,6 +68,7 @@ from sync.delta import catalog, points
 from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
 from sync.errors import LakesyncError
+from sync.lake import LakePath
 from sync.projection import DeltaTables, Projection, Target
 from sync.streaming.batch import Batch
 from sync.streaming.offsets import processed_offsets
@@ -104,7 +104,7 @@ class Views(Projection):
             return order_docs.check_index(settings, conn, target)
         return ledger_enriched.check(settings, spark, conn, target)
 
-    def state_paths(self, settings: Settings) -> list[Path]:
+    def state_paths(self, settings: Settings) -> list[LakePath]:
         """The views' points (sync/delta/points.py): they name their tables' versions."""
         return [points.folder(catalog.root(settings, NAME), NAME)]
 

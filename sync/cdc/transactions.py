@@ -45,7 +45,6 @@ import re
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -54,6 +53,7 @@ from pyspark.sql import functions as F
 from sync.cdc.ordering import position_columns
 from sync.config import COMPACTION_LAG_MS, TOPIC_PREFIX
 from sync.files import write_json_atomically
+from sync.lake import LakePath
 from sync.streaming.spark import in_task_slots, one_of
 from sync.streaming.stream import Ranges
 
@@ -259,16 +259,16 @@ def settle(previous: Held, ends: Iterable[tuple[str, End]], seen: Iterable[Seen]
 
 # -- the per-batch files, in <checkpoint>/transactions ------------------------------------
 
-def _folder(checkpoint: Path) -> Path:
+def _folder(checkpoint: LakePath) -> LakePath:
     return checkpoint / "transactions"
 
 
-def _batches(checkpoint: Path) -> list[int]:
+def _batches(checkpoint: LakePath) -> list[int]:
     folder = _folder(checkpoint)
     return sorted(int(p.stem) for p in folder.glob("[0-9]*.json")) if folder.is_dir() else []
 
 
-def held_before(checkpoint: Path, batch_id: int) -> Held:
+def held_before(checkpoint: LakePath, batch_id: int) -> Held:
     """What the batch before `batch_id` held (nothing before the first)."""
     earlier = [b for b in _batches(checkpoint) if b < batch_id]
     if not earlier:
@@ -276,26 +276,26 @@ def held_before(checkpoint: Path, batch_id: int) -> Held:
     return Held.from_json(json.loads((_folder(checkpoint) / f"{earlier[-1]}.json").read_text()))
 
 
-def write_held(checkpoint: Path, batch_id: int, held: Held) -> None:
+def write_held(checkpoint: LakePath, batch_id: int, held: Held) -> None:
     write_json_atomically(_folder(checkpoint) / f"{batch_id}.json", held.to_json())
     for old in _batches(checkpoint)[:-KEPT_FILES]:
         (_folder(checkpoint) / f"{old}.json").unlink(missing_ok=True)
 
 
-def decided(checkpoint: Path) -> tuple[int, Held] | None:
+def decided(checkpoint: LakePath) -> tuple[int, Held] | None:
     """The last batch that has decided what it holds (its commits may not be done), and
     that decision: where its projection will stand once they are."""
     batches = _batches(checkpoint)
     return (batches[-1], held_after(checkpoint, batches[-1])) if batches else None
 
 
-def held_after(checkpoint: Path, batch_id: int) -> Held:
+def held_after(checkpoint: LakePath, batch_id: int) -> Held:
     """What batch `batch_id` held (nothing if it wrote no file: a query without the gate)."""
     path = _folder(checkpoint) / f"{batch_id}.json"
     return Held.from_json(json.loads(path.read_text())) if path.is_file() else Held()
 
 
-def gate(records: DataFrame, batch_id: int, checkpoint: Path, rule: Rule,
+def gate(records: DataFrame, batch_id: int, checkpoint: LakePath, rule: Rule,
          read_again: Callable[[SparkSession, Ranges], DataFrame], partitions: Partitions, whole: bool = True,
          keep: Callable[[DataFrame], DataFrame] | None = None, until: int | None = None,
          align: Callable[[int | None, int], int | None] | None = None) -> tuple[DataFrame, Held]:

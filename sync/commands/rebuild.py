@@ -34,17 +34,16 @@ The steps, in order (for several projections, side by side in one Spark session)
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from projections import changelog
 from projections.ledger import projection as ledger
+from sync import lake
 from sync.cdc.transactions import held_after
 from sync.cdc.types import columns, quoted
 from sync.commands import all_projections, freshness, projection_named
@@ -101,7 +100,7 @@ def rebuild(settings: Settings, names: list[str], verify: bool, swap: bool, say=
         live = catalog.entry(settings, projection.name)
         shadow = catalog.building(settings, projection.name, live["generation"] + 1)
         folder = catalog.root(shadow, projection.name)
-        shutil.rmtree(folder, ignore_errors=True)  # left by an interrupted rebuild: start from zero
+        lake.remove_tree(folder)  # left by an interrupted rebuild: start from zero
         say(f"rebuilding {projection.name} from offset zero into generation {live['generation'] + 1} "
             f"({folder}); generation {live['generation']} keeps serving")
         builds.append(Build(projection, shadow, live["generation"] + 1))
@@ -242,7 +241,7 @@ def compare(spark: SparkSession, live: Target | None, rebuilt: Target | None) ->
     each surplus row of a table without keys). Only a difference is read again, for the
     sample."""
     def load(target):
-        if target is None or not (Path(target.table) / "_delta_log").is_dir():
+        if target is None or not (lake.at(target.table) / "_delta_log").is_dir():
             return None
         frame = spark.read.format("delta").load(target.table)
         return frame.select(*columns(sorted(c for c in frame.columns if c not in VOLATILE)))

@@ -8,7 +8,7 @@ dead letters. Generation 0 is the lake itself (`<lake>/mirrors/...`,
 catalog at it.
 
 The pointer is one small JSON file per projection, `<lake>/_catalog/NAME.json`, replaced
-with os.replace (an atomic rename on POSIX). Every path function (`mirror_path`,
+whole (a rename on POSIX, a PUT in a bucket: sync/lake.py). Every path function (`mirror_path`,
 `ledger_path`, `checkpoint`, ...) reads it when called, so a reader resolves the old
 generation or the new one, both complete, and never a mixture or a half-built table.
 
@@ -20,17 +20,17 @@ read the live changelog, ledger and mirrors) still resolves through the catalog.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import replace
-from pathlib import Path
 
+from sync import lake
 from sync.config import Settings
 from sync.files import write_json_atomically
+from sync.lake import LakePath
 from sync.projection import Projection
 
 
-def _pointer(settings: Settings, projection: str) -> Path:
+def _pointer(settings: Settings, projection: str) -> LakePath:
     return settings.lake / "_catalog" / f"{projection}.json"
 
 
@@ -42,19 +42,19 @@ def entry(settings: Settings, projection: str) -> dict:
         return {"generation": 0, "root": str(settings.lake), "swapped_at": None}
 
 
-def root(settings: Settings, projection: str) -> Path:
+def root(settings: Settings, projection: str) -> LakePath:
     """The directory `projection`'s current generation lives in."""
     for name, folder in settings.roots:
         if name == projection:
-            return Path(folder)
-    return Path(entry(settings, projection)["root"])
+            return lake.at(folder)
+    return lake.at(entry(settings, projection)["root"])
 
 
-def checkpoint(settings: Settings, projection: str) -> Path:
+def checkpoint(settings: Settings, projection: str) -> LakePath:
     return root(settings, projection) / "_checkpoints" / projection
 
 
-def progress_file(settings: Settings, projection: str) -> Path:
+def progress_file(settings: Settings, projection: str) -> LakePath:
     return root(settings, projection) / "_progress" / f"{projection}.json"
 
 
@@ -65,7 +65,7 @@ def building(settings: Settings, projection: str, generation: int) -> Settings:
     return replace(settings, roots=((projection, str(folder)),), search_url="", metrics_port=0)
 
 
-def swap(settings: Settings, projection: str, generation: int, folder: Path) -> dict:
+def swap(settings: Settings, projection: str, generation: int, folder: LakePath) -> dict:
     """Point the catalog at `folder`; returns the entry it replaced. Atomic for readers."""
     old = entry(settings, projection)
     write_json_atomically(_pointer(settings, projection),
@@ -76,10 +76,10 @@ def swap(settings: Settings, projection: str, generation: int, folder: Path) -> 
 def clear(settings: Settings, projection: Projection) -> None:
     """Remove what `projection` wrote in its current generation: its tables, state,
     checkpoint and progress (its fencing epochs and the shared dead letters stay)."""
-    parts = [Path(t.table) for t in projection.targets(settings) if t.delta]
+    parts = [lake.at(t.table) for t in projection.targets(settings) if t.delta]
     parts += [*projection.state_paths(settings), checkpoint(settings, projection.name)]
     for part in parts:
-        shutil.rmtree(part, ignore_errors=True)
+        lake.remove_tree(part)
     progress_file(settings, projection.name).unlink(missing_ok=True)
 
 
@@ -88,8 +88,8 @@ def retire(settings: Settings, projection: Projection, old: dict) -> None:
     itself, shared with the other projections: only this projection's own parts go
     (and its dead letters stay, in the table the projections share there)."""
     if old["generation"] > 0:
-        shutil.rmtree(old["root"], ignore_errors=True)
+        lake.remove_tree(old["root"])
         return
     gone = replace(settings, roots=((projection.name, old["root"]),))
     clear(gone, projection)
-    shutil.rmtree(Path(old["root"]) / "_fencing" / projection.name, ignore_errors=True)
+    lake.remove_tree(lake.at(old["root"]) / "_fencing" / projection.name)

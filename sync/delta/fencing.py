@@ -2,8 +2,9 @@
 
 A run takes a fencing token, a monotonic epoch per projection, before its queries
 start. Steps of `take`, in order:
-  1. Claim the next epoch by creating `<lake>/_fencing/<projection>/<epoch>` exclusively
-     (O_EXCL: of two runs starting at once, one gets N and the other N+1).
+  1. Claim the next epoch by creating `<lake>/_fencing/<projection>/<epoch>` only if it
+     is not there: O_EXCL in a directory, a conditional PUT (If-None-Match) in a bucket
+     (sync/lake.py). Of two runs starting at once, one gets N and the other N+1.
   2. If the run before (epoch N-1) closed its fence, skip step 3: it stopped its
      queries before it closed, and any older run was fenced by a stamp already (the
      run after it stamped, or closed in turn). Stamping costs a commit per table: over
@@ -20,37 +21,37 @@ killed does not, so the run after it stamps.
 What is left: a zombie that checks just before a newer run claims its epoch and
 commits just after the stamp. It then commits the batch the offset log fixed for it,
 the same records the newer run replays, which the transaction ids and the newer-than
-guard turn into a no-op. The registry is a local folder: on object storage, claim the
-epoch with a conditional put instead.
+guard turn into a no-op.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from sync.config import Settings
 from sync.delta import catalog
 from sync.errors import Fenced
+from sync.lake import LakePath
 
 EPOCH_PROPERTY = "lakesync.epoch"
 
 
-def registry(settings: Settings, projection: str) -> Path:
+def registry(settings: Settings, projection: str) -> LakePath:
     return catalog.root(settings, projection) / "_fencing" / projection
 
 
-def latest_epoch(folder: Path) -> int:
-    epochs = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
-    return max(epochs, default=0)
+def latest_epoch(folder: LakePath) -> int:
+    try:
+        return max((int(p.name) for p in folder.iterdir() if p.name.isdigit()), default=0)
+    except FileNotFoundError:  # (a directory not made yet; a bucket's folder lists empty)
+        return 0
 
 
 @dataclass(frozen=True)
 class Fence:
     projection: str
     epoch: int
-    folder: Path
+    folder: LakePath
 
     def check(self) -> None:
         newest = latest_epoch(self.folder)
@@ -75,7 +76,7 @@ def take(spark, settings: Settings, projection: str, tables: list[str]) -> Fence
     epoch = latest_epoch(folder) + 1
     while True:
         try:
-            os.close(os.open(folder / f"{epoch:012d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            (folder / f"{epoch:012d}").touch(exist_ok=False)
             break
         except FileExistsError:
             epoch += 1

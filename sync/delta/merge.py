@@ -32,18 +32,18 @@ from __future__ import annotations
 
 import heapq
 import json
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 from delta.tables import DeltaMergeBuilder, DeltaTable
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from sync import lake
 from sync.cdc.decode import PROVENANCE, UNCHANGED
 from sync.cdc.ordering import Position, later, newer_than, newer_than_literal
 from sync.cdc.types import columns, quoted
+from sync.lake import LakePath
 
 DELETION_VECTORS = "delta.enableDeletionVectors"
 TABLE_PROPERTIES = {
@@ -85,11 +85,11 @@ def ensure_table(spark: SparkSession, path: str, schema_ddl: str,
             spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({added})")
             table = DeltaTable.forPath(spark, path)
         return table
-    log = Path(path) / "_delta_log"
+    log = lake.at(path) / "_delta_log"
     if log.is_dir() and not any(log.glob("[0-9]*.json")) and not any(log.glob("*.checkpoint*")):
         # A creation killed before its first commit leaves a log with no version, which
         # Delta neither opens nor creates over. Nothing was ever committed: it goes.
-        shutil.rmtree(log)
+        lake.remove_tree(log)
     builder = DeltaTable.createIfNotExists(spark).location(path)
     for field in wanted:
         builder = builder.addColumn(field.name, field.dataType, nullable=True)
@@ -130,7 +130,7 @@ def never_written(path: str) -> bool:
     """Whether no commit of the Delta table at `path` has added a data file yet (created,
     at most altered since): read from its log files. False once it has a checkpoint (a
     table with that many commits is not worth the reading)."""
-    log = Path(path) / "_delta_log"
+    log = lake.at(path) / "_delta_log"
     if (log / "_last_checkpoint").exists():
         return False
     for commit in log.glob("[0-9]*.json"):
@@ -267,13 +267,13 @@ def deletion_vectors_if_copying(spark: SparkSession, path: str) -> None:
 
 
 def table_exists(path: str) -> bool:
-    return (Path(path) / "_delta_log").is_dir()
+    return (lake.at(path) / "_delta_log").is_dir()
 
 
 def latest_version(path: str) -> int:
     """The table's latest version, from its log's files: from the last checkpoint on (at
     most a checkpoint interval of files to probe), not by listing the whole log."""
-    log = Path(path) / "_delta_log"
+    log = lake.at(path) / "_delta_log"
     checkpoint = log / "_last_checkpoint"
     try:
         version = json.loads(checkpoint.read_text())["version"] if checkpoint.exists() else 0
@@ -287,10 +287,10 @@ def latest_version(path: str) -> int:
 def last_commit_info(path: str) -> dict:
     """The commitInfo action of the table's latest version, read from its log file
     (DeltaTable.history(1) runs a Spark job for it: 0.4 s a call here)."""
-    return _commit_info(Path(path) / "_delta_log" / f"{latest_version(path):020d}.json")
+    return _commit_info(lake.at(path) / "_delta_log" / f"{latest_version(path):020d}.json")
 
 
-def _commit_info(commit: Path) -> dict:
+def _commit_info(commit: LakePath) -> dict:
     """The commitInfo action of one commit's log file; empty when the file is gone."""
     if not commit.exists():
         return {}
@@ -311,7 +311,7 @@ def created_at(path: str) -> float | None:
     """When the Delta table at `path` was created (its first commit's time, seconds since
     the epoch), from that commit's log file; None when there is none (no table, or a log
     cleaned up to its checkpoints, which only an old table has)."""
-    first = _commit_info(Path(path) / "_delta_log" / f"{0:020d}.json")
+    first = _commit_info(lake.at(path) / "_delta_log" / f"{0:020d}.json")
     return first["timestamp"] / 1000 if first else None
 
 

@@ -38,13 +38,11 @@ projection decides what it reads before its commits, and a replay keeps that: `d
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from bisect import bisect_right
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
 
 from sync.cdc.transactions import Held, decided
@@ -53,6 +51,7 @@ from sync.delta import catalog
 from sync.delta.fencing import Fence
 from sync.delta.merge import latest_version
 from sync.files import write_json_atomically
+from sync.lake import LakePath
 from sync.projection import Target
 
 # Per projection: one projection can run this many batches ahead of another (the ledger,
@@ -78,7 +77,7 @@ class Point:
     inputs: dict[str, dict] | None = None
 
 
-def folder(root: Path, projection: str) -> Path:
+def folder(root: LakePath, projection: str) -> LakePath:
     """Where `projection`'s points are (cleared with its state: sync/delta/catalog.py `clear`)."""
     return root / "_points" / projection
 
@@ -88,8 +87,11 @@ def _is_point(name: str) -> bool:
     return name.endswith(".json") and name[:-5].isdigit()
 
 
-def _batches(folder: Path) -> list[int]:
-    return sorted(int(name[:-5]) for name in os.listdir(folder) if _is_point(name)) if folder.is_dir() else []
+def _batches(folder: LakePath) -> list[int]:
+    try:
+        return sorted(int(entry.name[:-5]) for entry in folder.iterdir() if _is_point(entry.name))
+    except FileNotFoundError:
+        return []
 
 
 def _iso(seconds: float) -> str:
@@ -101,7 +103,7 @@ def tables_now(targets: list[Target]) -> dict[str, dict]:
     return {t.name: {"path": t.table, "version": latest_version(t.table)} for t in targets}
 
 
-def publish(root: Path, projection: str, batch: int, held: Held | None, tables: dict[str, dict], fence: Fence,
+def publish(root: LakePath, projection: str, batch: int, held: Held | None, tables: dict[str, dict], fence: Fence,
             inputs: dict[str, dict] | None = None) -> Point:
     """Write batch `batch`'s point: `tables` as they stand, applied through `held.through`
     (or, for a derived projection, held None: computed from `inputs`).
@@ -120,7 +122,7 @@ def publish(root: Path, projection: str, batch: int, held: Held | None, tables: 
     return point
 
 
-def decision(root: Path, projection: str, batch: int, decide: Callable[[], dict] | None = None) -> dict | None:
+def decision(root: LakePath, projection: str, batch: int, decide: Callable[[], dict] | None = None) -> dict | None:
     """A derived projection's decision for batch `batch` (what it reads, at which
     versions): `decide()`'s, written before the batch commits anything, or the one its
     first attempt wrote (a replay reads what the commits it skips were computed from).
@@ -138,7 +140,7 @@ def decision(root: Path, projection: str, batch: int, decide: Callable[[], dict]
     return made
 
 
-def decisions(root: Path, projection: str, last: int) -> list[dict]:
+def decisions(root: LakePath, projection: str, last: int) -> list[dict]:
     """A derived projection's `last` latest decisions, oldest first (one being replaced
     as it is read is left out)."""
     kept = folder(root, projection) / "decisions"
@@ -151,24 +153,24 @@ def decisions(root: Path, projection: str, last: int) -> list[dict]:
     return found
 
 
-def _read(folder: Path, batch: int) -> Point:
+def _read(folder: LakePath, batch: int) -> Point:
     return Point(**json.loads((folder / f"{batch}.json").read_text()))
 
 
 # Per points folder: each file's point as last parsed, with the file's identity (inode,
-# mtime, size). A follower reads its leaders' points every batch, and `meet` every 0.2 s
+# mtime, size; in a bucket, the listing's mtime and size). A follower reads its leaders' points every batch, and `meet` every 0.2 s
 # while it waits: parsing all of them each time cost 28 ms per 1,000 points, 3 ms with
 # this. A file changes only when a replayed batch writes its point again (atomically: a
 # new file).
-_parsed: dict[Path, dict[str, tuple[tuple[int, int, int], Point]]] = {}
+_parsed: dict[LakePath, dict[str, tuple[tuple[int, int, int], Point]]] = {}
 _parsed_lock = threading.Lock()
 
 
-def published(root: Path, projection: str) -> list[Point]:
+def published(root: LakePath, projection: str) -> list[Point]:
     """The points kept, oldest first."""
     kept = folder(root, projection)
     try:
-        entries = [e for e in os.scandir(kept) if _is_point(e.name)]
+        entries = [e for e in kept.iterdir() if _is_point(e.name)]
     except FileNotFoundError:
         return []
     with _parsed_lock:
@@ -185,7 +187,7 @@ def published(root: Path, projection: str) -> list[Point]:
             now[entry.name] = cached
             continue
         try:
-            now[entry.name] = (identity, Point(**json.loads(Path(entry.path).read_text())))
+            now[entry.name] = (identity, Point(**json.loads(entry.read_text())))
         except FileNotFoundError:
             continue
     with _parsed_lock:
@@ -193,7 +195,7 @@ def published(root: Path, projection: str) -> list[Point]:
     return [now[name][1] for name in sorted(now, key=lambda name: int(name[:-5]))]
 
 
-def latest(root: Path, projection: str) -> Point | None:
+def latest(root: LakePath, projection: str) -> Point | None:
     kept = folder(root, projection)
     batches = _batches(kept)
     return _read(kept, batches[-1]) if batches else None
@@ -301,7 +303,7 @@ def together(kept: dict[str, list[Point]], table: str, lowest: int, highest: int
     return None if place is None else Standing(place, standing_at(place))
 
 
-def meet(roots: dict[str, Path], table: str, version: int, wait_seconds: float) -> Standing | None:
+def meet(roots: dict[str, LakePath], table: str, version: int, wait_seconds: float) -> Standing | None:
     """`standing_where` over the points of the projections in `roots` (name -> root),
     waiting up to `wait_seconds` for them to get where `table` is at `version`, but not
     once `table` has moved on and every other one has gone past it without stopping there."""
@@ -341,7 +343,7 @@ def _common_place(kept: dict[str, list[Point]], after: int | None, at_most: int,
     return None
 
 
-def deciding(checkpoint: Path, last: Point | None) -> Point | None:
+def deciding(checkpoint: LakePath, last: Point | None) -> Point | None:
     """A projection's batch that has decided where it stops (sync/cdc/transactions.py
     `decided`, kept for its replay too; its commits under way, or to be replayed after a
     crash) but not yet published after `last`: where it will stand."""
@@ -353,7 +355,7 @@ def deciding(checkpoint: Path, last: Point | None) -> Point | None:
                  offset=held.through.offset, first=held.first)
 
 
-def follow(leaders: dict[str, tuple[Path, Path]], after: int | None, at_most: int,
+def follow(leaders: dict[str, tuple[LakePath, LakePath]], after: int | None, at_most: int,
            wait_seconds: float = FOLLOW_WAIT_SECONDS) -> int | None:
     """Where a batch that would apply through place `at_most` (its previous one through
     `after`) stops so as to stand where its `leaders` (projection -> its root and

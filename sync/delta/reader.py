@@ -5,7 +5,9 @@ the table (a misread Spark shares with its own writes would not show against its
 and one that starts in milliseconds where a Spark session takes seconds and a JVM's
 warm-up (docs/benchmark.md). It reads what Spark writes here: deletion vectors, column
 mapping, widened types (tests/e2e/test_readers.py reads every kind of table both ways).
-The extension comes from its pinned pip package, never downloaded at LOAD.
+The extensions come from their pinned pip packages, never downloaded at LOAD: delta,
+and httpfs for a lake in a bucket (its S3 secret from sync/lake.py's store, made when
+the first table there is read).
 """
 
 from __future__ import annotations
@@ -16,16 +18,47 @@ from typing import Any, Iterator
 
 import duckdb
 import duckdb_extension_delta
+import duckdb_extension_httpfs
+
+from sync import lake
+
+
+def _extension(package, name: str) -> Path:
+    return Path(package.__file__).parent / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
 
 
 def connect() -> duckdb.DuckDBPyConnection:
     """DuckDB with the delta extension loaded, and no extension fetched on its own."""
-    extension = (Path(duckdb_extension_delta.__file__).parent / "extensions" / f"v{duckdb.__version__}"
-                 / "delta.duckdb_extension")
     connection = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
-    connection.execute(f"LOAD '{extension}'")
+    connection.execute(f"LOAD '{_extension(duckdb_extension_delta, 'delta')}'")
     connection.execute("SET TimeZone = 'UTC'")
     return connection
+
+
+def scan(connection: duckdb.DuckDBPyConnection, path: str) -> str:
+    """What delta_scan takes for the table at `path` (s3:// for a bucket's: the first such
+    table read on this connection loads httpfs and the store's secret)."""
+    if not lake.on_object_storage(path):
+        return path
+    if not connection.execute("SELECT 1 FROM duckdb_secrets() WHERE name = 'lake'").fetchall():
+        connection.execute(f"LOAD '{_extension(duckdb_extension_httpfs, 'httpfs')}'")
+        store, found = lake.store(), lake.credentials()
+        options = {"REGION": store.region, **({"KEY_ID": found["access_key"], "SECRET": found["secret_key"]}
+                                               if found else {}),
+                   **({"SESSION_TOKEN": found["session_token"]} if "session_token" in found else {})}
+        if store.endpoint:
+            address = store.endpoint.split("://", 1)
+            options.update({"ENDPOINT": address[-1], "URL_STYLE": "path",
+                            "USE_SSL": "true" if address[0] == "https" else "false"})
+        listed = ", ".join(f"{key} {value if value in ('true', 'false') else _literal(value)}"
+                           for key, value in options.items())
+        connection.execute(f"CREATE SECRET lake (TYPE s3, {listed})")
+    return lake.reader_uri(path)
+
+
+def _literal(value: str) -> str:
+    """A DuckDB string literal (standard SQL: a quote doubled)."""
+    return "'" + value.replace("'", "''") + "'"
 
 
 def utc_naive(value: Any) -> Any:
@@ -49,6 +82,7 @@ def rows(connection: duckdb.DuckDBPyConnection, path: str, columns: list[str], w
     """The table's current rows, `columns` in order (a column the table lacks: null);
     `where` a filter in SQL both Spark and DuckDB read alike (`NOT deleted`). Through
     Arrow, whose timestamps with a zone need no time-zone package."""
+    path = scan(connection, path)
     present = {name for (name, *_) in connection.execute("DESCRIBE SELECT * FROM delta_scan(?)", [path]).fetchall()}
     names = [f"c{n}" for n in range(len(columns))]  # (a column may be named like no SQL alias can be)
     selected = ", ".join(f"{quoted(c) if c in present else 'NULL'} AS {a}" for c, a in zip(columns, names))

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from sync import lake
 from sync.cdc.transactions import held_after
 from sync.config import Settings
 from sync.delta import catalog, points
 from sync.errors import ServiceUnavailable
+from sync.lake import LakePath
 from sync.projection import KafkaTopics, Projection
 
 Offsets = dict[tuple[str, int], int]  # (topic, partition) -> next offset
@@ -44,19 +45,19 @@ def end_offsets(settings: Settings, pattern: str) -> Offsets:
         consumer.close()
 
 
-def last_batch(checkpoint: Path) -> int | None:
+def last_batch(checkpoint: LakePath) -> int | None:
     """The id of the last batch the query committed (None before its first)."""
     commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")] if checkpoint.is_dir() else []
     return max(commits, default=None)
 
 
-def _source_offsets(checkpoint: Path, batch: int) -> list[str]:
+def _source_offsets(checkpoint: LakePath, batch: int) -> list[str]:
     """Batch `batch`'s end offset of each of the query's sources, in their order (the
     offsets log's lines after its version and its metadata)."""
     return (checkpoint / "offsets" / str(batch)).read_text().splitlines()[2:]
 
 
-def batch_ends(checkpoint: Path, batch: int) -> Offsets:
+def batch_ends(checkpoint: LakePath, batch: int) -> Offsets:
     """Where a Kafka-fed query's batch `batch` ends: what it has read, per topic partition."""
     ends: Offsets = {}
     for line in _source_offsets(checkpoint, batch):
@@ -71,7 +72,7 @@ class BatchPartitions:
     offsets log (written before the batch runs), and whether it read each to Kafka's end
     (asked of Kafka at most once per topic): sync/cdc/transactions.py `Partitions`."""
 
-    def __init__(self, settings: Settings, checkpoint: Path, batch: int):
+    def __init__(self, settings: Settings, checkpoint: LakePath, batch: int):
         self.settings, self.checkpoint, self.batch = settings, checkpoint, batch
         self._ends: Offsets | None = None
         self._kafka_ends: dict[str, Offsets] = {}
@@ -92,7 +93,7 @@ class BatchPartitions:
         return read is not None and self._kafka_ends[topic].get((topic, partition)) == read
 
 
-def processed_offsets(checkpoint: Path) -> Offsets:
+def processed_offsets(checkpoint: LakePath) -> Offsets:
     """The end offsets of the last batch the query committed (from its checkpoint), or
     where the changes it holds start (sync/cdc/transactions.py): those are not applied."""
     last = last_batch(checkpoint)
@@ -106,11 +107,11 @@ def processed_offsets(checkpoint: Path) -> Offsets:
 
 def latest_version(table: str) -> int:
     """The latest version of a Delta table, from its log's file names (-1: no table)."""
-    log = Path(table) / "_delta_log"
+    log = lake.at(table) / "_delta_log"
     return max((int(p.stem) for p in log.glob("[0-9]*.json")), default=-1)
 
 
-def processed_versions(checkpoint: Path, tables: list[str]) -> Offsets:
+def processed_versions(checkpoint: LakePath, tables: list[str]) -> Offsets:
     """For a query streaming from Delta tables (its sources in `tables` order): the next
     version of each table it will read, from its last committed batch. Delta's offset
     (v, index -1) means every version before v has been read."""
@@ -126,7 +127,7 @@ def processed_versions(checkpoint: Path, tables: list[str]) -> Offsets:
     return done
 
 
-def whole_versions_read(checkpoint: Path, batch: int, tables: dict[str, str]) -> dict[str, dict] | None:
+def whole_versions_read(checkpoint: LakePath, batch: int, tables: dict[str, str]) -> dict[str, dict] | None:
     """For a query streaming from Delta tables (`tables`: name -> path, in the order of
     its sources): per table, its path and the last version batch `batch` has read whole,
     counting the batches before it (-1: none yet); None if the batch ends inside a

@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
+from sync import lake
 from sync.config import Settings
 from sync.errors import StackError
 
@@ -140,6 +141,9 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
         .config("spark.driver.extraJavaOptions",
                 f"-Duser.timezone=UTC -Dderby.system.home={settings.home / 'derby'} {JIT_OPTIONS} {java_options}")
     )
+    if lake.on_object_storage(settings.lake):  # S3A's endpoint, region and credentials (sync/lake.py)
+        for key, value in lake.s3a_options().items():
+            builder = builder.config(f"spark.hadoop.{key}", value)
     if settings.spark_workers:
         builder = builder.config("spark.cores.max", str(cluster_cores(settings, app_name)))
     if console or settings.verbose or SparkContext._active_spark_context is not None:  # (JVM already up)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Callable
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -19,6 +18,7 @@ from pyspark.sql.streaming import StreamingQuery
 from sync.config import Settings
 from sync.delta import catalog
 from sync.files import read_json, write_json_atomically
+from sync.lake import LakePath
 from sync.projection import KafkaTopics
 
 # How Spark's Kafka consumers read Connect's topics. Connect writes in transactions
@@ -76,7 +76,7 @@ def run_batches(records: DataFrame, name: str, apply: Callable[[DataFrame, int],
     return writer.start()
 
 
-def remove_partial_log_writes(checkpoint: Path) -> None:
+def remove_partial_log_writes(checkpoint: LakePath) -> None:
     """Remove what a killed process left half-written in the checkpoint's offset and
     commit logs: Spark writes each entry to a hidden temporary file (`.<batch>.<uuid>.tmp`,
     with its `.crc`) and renames it into place, so such a file was never an entry and is

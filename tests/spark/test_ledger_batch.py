@@ -71,8 +71,11 @@ def batch(spark, postings, first_offset=0, ends=None, topic=TOPIC, transaction=T
 
 
 @pytest.fixture
-def settings(tmp_path):
-    return dataclasses.replace(config.load(), lake=tmp_path / "lake")
+def settings(tmp_path, request):
+    """A lake in a directory; in a bucket of the tests' S3 server for a test parametrized
+    `settings` = "bucket" (sync/lake.py)."""
+    where = request.getfixturevalue("bucket_lake") if getattr(request, "param", "") == "bucket" else tmp_path / "lake"
+    return dataclasses.replace(config.load(), lake=where)
 
 
 def new_run(spark, settings):
@@ -92,7 +95,10 @@ def dead(spark, settings):
     return [r["error"] for r in spark.read.format("delta").load(deadletters.path(settings, "ledger")).collect()]
 
 
+@pytest.mark.parametrize("settings", ["directory", "bucket"], indirect=True)
 def test_redelivered_events_never_make_a_second_entry(spark, settings):
+    """In a directory and in a bucket, where the auditor's reader (delta-rs) and its check
+    of the data files read the ledger from the store."""
     run = new_run(spark, settings)
     first = [posting(7, 1, "10.00", "a"), posting(8, 1, "-10.00", "a"), posting(7, 2, "2.5", "b"),
              posting(8, 2, "-2.5", "b")]
@@ -107,6 +113,8 @@ def test_redelivered_events_never_make_a_second_entry(spark, settings):
     assert audit.query(settings, "SELECT account, balance FROM ledger_balances ORDER BY account")[1] == [
         (7, Decimal("13.5000")), (8, Decimal("-13.5000"))]
     assert got[0]["amount"] == Decimal("10.0000") and got[0]["_txid"] == 1001
+    problems, summary = audit.verify(ledger.ledger_path(settings), balances=ledger.balances_path(settings))
+    assert problems == [] and summary["entries"] == 6
 
 
 def test_a_conflicting_or_gapped_event_goes_to_the_dead_letters(spark, settings):

@@ -56,8 +56,11 @@ def batch(spark, events, first_offset=0):
 
 
 @pytest.fixture
-def settings(tmp_path):
-    return dataclasses.replace(config.load(), lake=tmp_path / "lake")
+def settings(tmp_path, request):
+    """A lake in a directory; in a bucket of the tests' S3 server for a test parametrized
+    `settings` = "bucket" (sync/lake.py)."""
+    where = request.getfixturevalue("bucket_lake") if getattr(request, "param", "") == "bucket" else tmp_path / "lake"
+    return dataclasses.replace(config.load(), lake=where)
 
 
 def new_batch(spark, settings, column_history=None):
@@ -812,9 +815,12 @@ class Kafka:
              if (topic, 0) in ranges and ranges[(topic, 0)][0] <= offset < ranges[(topic, 0)][1]], self.columns)
 
 
+@pytest.mark.parametrize("settings", ["directory", "bucket"], indirect=True)
 def test_a_batch_applies_whole_source_transactions_in_commit_order_and_holds_the_rest(spark, settings):
     """A transaction cut by a batch's end, its END before or after its changes: no version
-    of the mirror shows part of one (the prefix in commit order: tests/unit/test_transactions.py)."""
+    of the mirror shows part of one (the prefix in commit order: tests/unit/test_transactions.py).
+    In a directory and in a bucket: the held transactions, the points, the fencing epochs
+    and the progress are Lakesync's own files there (sync/lake.py)."""
     kafka = Kafka(spark)
     records, read_again = kafka.records, kafka.read_again
     txn = mirrors.transactions.TRANSACTIONS_TOPIC

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sync import config, outbox
+from sync import config, lake, outbox
 from sync.stack import connect
 from sync.stack.connect import render_connector
 from sync.streaming.spark import BENCH_CLUSTER_APP, RUNNER_APP, artifact, cluster_cores
@@ -28,19 +28,35 @@ def test_addresses_come_from_the_environment(monkeypatch, tmp_path):
     assert s.lake == tmp_path / "lake"
 
 
-def test_the_lake_is_a_local_directory_and_an_object_store_uri_is_refused_in_one_line(monkeypatch, tmp_path):
+def test_the_lake_is_a_local_directory_or_a_bucket_and_other_uris_are_refused_in_one_line(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("LAKESYNC_LAKE", f"file://{tmp_path}/my%20lake")
     assert config.load().lake == tmp_path / "my lake"
     monkeypatch.setenv("LAKESYNC_LAKE", "lake")
     assert config.load().lake == tmp_path / "lake"
-    for uri in ("s3a://bucket/lake", "hdfs://namenode:8020/lake", "abfss://c@account.dfs.core.windows.net/lake"):
+    for uri, bucket, key in (("s3a://bucket/the/lake/", "bucket", "the/lake"), ("s3://bucket", "bucket", "")):
         monkeypatch.setenv("LAKESYNC_LAKE", uri)
-        with pytest.raises(config.LakesyncError, match=r"^LAKESYNC_LAKE=\S+: the lake must be a local directory") as raised:
+        assert config.load().lake == lake.ObjectPath(bucket, key)
+    assert str(config.load().lake / "_catalog" / "mirrors.json") == "s3a://bucket/_catalog/mirrors.json"
+    assert lake.reader_uri("s3a://bucket/the/lake/mirrors/orders") == "s3://bucket/the/lake/mirrors/orders"
+    for uri, says in (("hdfs://namenode:8020/lake", "a hdfs: URI is not supported"),
+                      ("abfss://c@account.dfs.core.windows.net/lake", "a abfss: URI is not supported"),
+                      ("s3a:///lake", "names no bucket")):
+        monkeypatch.setenv("LAKESYNC_LAKE", uri)
+        with pytest.raises(config.LakesyncError, match=rf"^LAKESYNC_LAKE={re.escape(uri)}: .*{says}") as raised:
             config.load()
         assert "\n" not in str(raised.value)
     # Before, such a value became a folder named after the URI under the working directory.
-    assert not (tmp_path / "s3a:").exists()
+    assert not (tmp_path / "s3a:").exists() and not (tmp_path / "hdfs:").exists()
+
+
+def test_an_object_path_names_like_a_path():
+    orders = lake.ObjectPath("bucket", "lake/mirrors/orders")
+    offsets = orders / "_delta_log" / "00000000000000000007.json"
+    assert (offsets.name, offsets.stem, offsets.suffix) == ("00000000000000000007.json", "00000000000000000007", ".json")
+    assert offsets.parent.parent == orders and orders.parent.parent == lake.ObjectPath("bucket", "lake")
+    assert str(offsets.with_suffix(".crc")) == "s3a://bucket/lake/mirrors/orders/_delta_log/00000000000000000007.crc"
+    assert lake.at(str(orders)) == orders and lake.at(orders) is orders
 
 
 def test_safe_dsn_drops_the_password():

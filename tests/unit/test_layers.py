@@ -24,8 +24,8 @@ LAYERS = [
     ("commands", ["sync.commands", "sync.demo", "sync.bench"]),
     ("projections", ["projections"]),
     ("engine", ["sync.cdc", "sync.delta", "sync.streaming", "sync.stack", "sync.outbox", "sync.search"]),
-    ("foundations", ["sync.config", "sync.errors", "sync.fault", "sync.files", "sync.projection", "sync.compare",
-                     "sync"]),
+    ("foundations", ["sync.config", "sync.errors", "sync.fault", "sync.files", "sync.lake", "sync.projection",
+                     "sync.compare", "sync"]),
 ]
 RANK = {name: rank for rank, (name, _) in enumerate(reversed(LAYERS))}
 
