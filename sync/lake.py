@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterator, Union
 from urllib.parse import unquote, urlsplit
 
-from sync.errors import LakesyncError
+from sync.errors import LakesyncError, ServiceUnavailable
 
 SCHEMES = ("s3a", "s3")  # Hadoop's name for S3 and everyone else's
 
@@ -83,11 +83,17 @@ class ObjectPath:
 
     # -- reading ---------------------------------------------------------------------
     def is_file(self) -> bool:
-        return _head(self) is not None
+        if not self.key:
+            return False
+        try:
+            _call("head_object", Bucket=self.bucket, Key=self.key)
+            return True
+        except FileNotFoundError:
+            return False
 
     def is_dir(self) -> bool:
         prefix = f"{self.key}/" if self.key else ""
-        return _client().list_objects_v2(Bucket=self.bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0) > 0
+        return _call("list_objects_v2", Bucket=self.bucket, Prefix=prefix, MaxKeys=1).get("KeyCount", 0) > 0
 
     def exists(self) -> bool:
         return self.is_file() or self.is_dir()
@@ -96,8 +102,7 @@ class ObjectPath:
         """The objects and the folders right under this folder (S3A's empty folder
         markers, `<folder>/`, are not entries)."""
         prefix = f"{self.key}/" if self.key else ""
-        for page in _client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix,
-                                                                         Delimiter="/"):
+        for page in _pages(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
             for folder in page.get("CommonPrefixes", []):
                 yield ObjectPath(self.bucket, folder["Prefix"].rstrip("/"))
             for found in page.get("Contents", []):
@@ -113,44 +118,26 @@ class ObjectPath:
     def stat(self) -> ObjectStat:
         if self.listed is not None:
             return self.listed
-        head = _head(self)
-        if head is None:
-            raise FileNotFoundError(str(self))
+        head = _call("head_object", Bucket=self.bucket, Key=self.key)
         return ObjectStat(head["ContentLength"], int(head["LastModified"].timestamp() * 1e9))
 
     def read_bytes(self) -> bytes:
-        from botocore.exceptions import ClientError
-
-        try:
-            return _client().get_object(Bucket=self.bucket, Key=self.key)["Body"].read()
-        except ClientError as error:
-            if _status(error) == 404:
-                raise FileNotFoundError(str(self)) from error
-            raise
+        return _call("get_object", Bucket=self.bucket, Key=self.key)["Body"].read()
 
     def read_text(self, errors: str = "strict") -> str:
         return self.read_bytes().decode("utf-8", errors)
 
     # -- writing ---------------------------------------------------------------------
     def write_text(self, text: str) -> None:
-        _client().put_object(Bucket=self.bucket, Key=self.key, Body=text.encode())
+        _call("put_object", Bucket=self.bucket, Key=self.key, Body=text.encode())
 
     def touch(self, exist_ok: bool = True) -> None:
         """An empty object; with exist_ok=False, only if there is none (a conditional
         PUT), else FileExistsError, as pathlib's O_EXCL."""
-        if exist_ok:
-            if not self.is_file():
-                _client().put_object(Bucket=self.bucket, Key=self.key, Body=b"")
-            return
-        from botocore.exceptions import ClientError
-
-        try:
-            _client().put_object(Bucket=self.bucket, Key=self.key, Body=b"", IfNoneMatch="*")
-        except ClientError as error:
-            # 412: there is one; 409: another writer's conditional PUT of it is under way.
-            if _status(error) in (409, 412):
-                raise FileExistsError(str(self)) from error
-            raise
+        if not exist_ok:
+            _call("put_object", Bucket=self.bucket, Key=self.key, Body=b"", IfNoneMatch="*")
+        elif not self.is_file():
+            _call("put_object", Bucket=self.bucket, Key=self.key, Body=b"")
 
     def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
         """Nothing: a folder is there once an object is under it."""
@@ -158,7 +145,7 @@ class ObjectPath:
     def unlink(self, missing_ok: bool = False) -> None:
         if not missing_ok and not self.is_file():
             raise FileNotFoundError(str(self))
-        _client().delete_object(Bucket=self.bucket, Key=self.key)
+        _call("delete_object", Bucket=self.bucket, Key=self.key)
 
 
 LakePath = Union[Path, ObjectPath]
@@ -192,11 +179,10 @@ def remove_tree(location: str | LakePath) -> None:
     if isinstance(path, Path):
         shutil.rmtree(path, ignore_errors=True)
         return
-    client = _client()
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=path.bucket, Prefix=f"{path.key}/"):
+    for page in _pages(Bucket=path.bucket, Prefix=f"{path.key}/"):
         keys = [{"Key": found["Key"]} for found in page.get("Contents", [])]
         if keys:  # (a page holds at most the 1,000 keys one delete takes)
-            client.delete_objects(Bucket=path.bucket, Delete={"Objects": keys, "Quiet": True})
+            _call("delete_objects", Bucket=path.bucket, Delete={"Objects": keys, "Quiet": True})
 
 
 def replace_text(location: str | LakePath, text: str) -> None:
@@ -303,19 +289,33 @@ def _client():
         return _clients[current]
 
 
-def _head(path: ObjectPath) -> dict | None:
-    """The object's metadata; None when there is no such object."""
-    from botocore.exceptions import ClientError
+def _call(operation: str, **params):
+    """One S3 request. A key that is not there: FileNotFoundError; a conditional PUT of
+    one that is (412), or whose twin is under way (409): FileExistsError; anything else
+    (no such bucket, refused, unreachable): ServiceUnavailable, in one line."""
+    from botocore.exceptions import BotoCoreError, ClientError
 
-    if not path.key:
-        return None
+    where = f"s3a://{params.get('Bucket')}/{params.get('Key', params.get('Prefix', ''))}"
     try:
-        return _client().head_object(Bucket=path.bucket, Key=path.key)
+        return getattr(_client(), operation)(**params)
     except ClientError as error:
-        if _status(error) == 404:
-            return None
-        raise
+        code = error.response.get("Error", {}).get("Code", "")
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status == 404 and code != "NoSuchBucket":
+            raise FileNotFoundError(where) from None
+        if status in (409, 412) and "IfNoneMatch" in params:
+            raise FileExistsError(where) from None
+        message = error.response.get("Error", {}).get("Message") or code or status
+        raise ServiceUnavailable(f"the lake's store refused {operation} of {where}: {message}") from None
+    except BotoCoreError as error:
+        raise ServiceUnavailable(f"the lake's store cannot be reached ({operation} of {where}): {error}") from None
 
 
-def _status(error) -> int | None:
-    return error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+def _pages(**params) -> Iterator[dict]:
+    """list_objects_v2's pages, one request each."""
+    while True:
+        page = _call("list_objects_v2", **params)
+        yield page
+        if not page.get("IsTruncated"):
+            return
+        params["ContinuationToken"] = page["NextContinuationToken"]

@@ -29,13 +29,14 @@ from sqlalchemy import exc, text
 from sqlalchemy.orm import Session
 
 from projections.ledger import audit
-from sync import config
+from sync import config, lake
 from sync.commands import snapshot
 from sync.demo import bank
 from sync.stack import Connect, Kafka, Postgres
 from sync.stack.background import start_background
 from sync.stack.process import pid_alive, read_pid, wait_until
 from sync.streaming.offsets import end_offsets
+from tests.chaos.conftest import LAKE
 from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.chaos
@@ -224,6 +225,7 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced, spark):
         "consistent_point_at_faults": points_at_faults,
         "consistent_point_at_end": point.offset,
         "partitions": topic_partitions(stack),
+        "lake": str(stack.lake),
     }
     (stack.home / "chaos.json").write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures, indent=2))
@@ -235,3 +237,6 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced, spark):
     # The changes came through four partitions per topic, in commit order through one.
     assert {figures["partitions"][t] for t in ("public.accounts", "public.orders", "events.account")} == {4}
     assert figures["partitions"]["transaction"] == 1
+    # Every table the point names is in the bucket (tests/chaos/conftest.py), none on the disk.
+    assert stack.lake == lake.at(LAKE) and all(t["path"].startswith(f"{LAKE}/") for t in point.tables.values())
+    assert not (stack.home / "lake").exists()
