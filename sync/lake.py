@@ -261,8 +261,8 @@ def reader_options() -> dict[str, str]:
     current = store()
     options = {"AWS_REGION": current.region}
     if current.endpoint:
-        options.update({"AWS_ENDPOINT_URL": current.endpoint, "AWS_ALLOW_HTTP": "true",
-                        "AWS_FORCE_PATH_STYLE": "true"})
+        options.update({"AWS_ENDPOINT_URL": current.endpoint, "AWS_FORCE_PATH_STYLE": "true",
+                        "AWS_ALLOW_HTTP": str(current.endpoint.startswith("http://")).lower()})
     found = credentials()
     if found:
         options.update({"AWS_ACCESS_KEY_ID": found["access_key"], "AWS_SECRET_ACCESS_KEY": found["secret_key"],

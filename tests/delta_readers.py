@@ -8,6 +8,7 @@ from pathlib import Path
 import duckdb
 
 from sync.compare import plain_value
+from sync.delta import reader
 
 
 def _rows(dicts) -> Counter:
@@ -26,7 +27,8 @@ def reader_features(path: str) -> set[str]:
 def duckdb_rows(connection: duckdb.DuckDBPyConnection, path: str, version: int) -> Counter:
     """The table's rows at `version` as DuckDB reads them (through Arrow: its own
     conversion of a timestamp with time zone needs pytz)."""
-    return _rows(connection.execute("SELECT * FROM delta_scan(?, version => ?)", [path, version])
+    return _rows(connection.execute("SELECT * FROM delta_scan(?, version => ?)",
+                                    [reader.scan(connection, path), version])
                  .to_arrow_table().to_pylist())
 
 

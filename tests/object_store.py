@@ -37,8 +37,8 @@ def s3_server(log: Path) -> Iterator[str]:
     port = _free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as output:
-        server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                                  stdout=output, stderr=subprocess.STDOUT)
+        server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1",
+                                   "-p", str(port)], stdout=output, stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{port}"
     saved = {name: os.environ.get(name) for name in (*CREDENTIALS, "AWS_ENDPOINT_URL")}
     os.environ.update({**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint})

@@ -58,6 +58,7 @@ from sync.stack.process import read_pid
 from sync.streaming import offsets
 from sync.streaming import spark as spark_session
 from sync.streaming.offsets import Offsets
+from sync.streaming.stream import EXECUTOR_LOSS_RESTARTS, executor_lost
 
 VOLATILE = {"_applied_at"}  # when our job wrote the row, not what it wrote
 VERIFY_DRAIN_SECONDS = 600  # how long step 2b waits for the live runner
@@ -132,7 +133,9 @@ class Build:
 
 
 def _run(spark: SparkSession, builds: list[Build], say) -> None:
-    """One availableNow run of every new generation, side by side, showing progress."""
+    """One availableNow run of every new generation, side by side, showing progress. A
+    query whose batch lost an executor (a worker of a cluster gone) starts again from its
+    checkpoint and replays the batch, as the runner's do."""
     running = []
     for build in builds:
         projection, shadow = build.projection, build.shadow
@@ -141,14 +144,22 @@ def _run(spark: SparkSession, builds: list[Build], say) -> None:
         unit = "offsets" if projection.source(shadow).unit == "records" else "table versions"
         progress = _Progress(projection.name, unit, offsets.input_ends(shadow, projection),
                              offsets.processed(shadow, projection))
-        # A pool per projection, as in the runner: the FAIR scheduler shares the cores.
-        spark.sparkContext.setLocalProperty("spark.scheduler.pool", projection.name)
-        running.append((build, progress, projection.start(spark, shadow, True, build.fence)))
+        running.append((build, progress, _start(spark, build)))
+    losses = {build.projection.name: 0 for build in builds}
     bar = _Line()
     while any(query.isActive for *_, query in running):
         time.sleep(1)
         bar.show(" | ".join(progress.line(offsets.processed(build.shadow, build.projection))
                             for build, progress, _ in running))
+        for index, (build, progress, query) in enumerate(running):
+            error = None if query.isActive else query.exception()
+            lost = executor_lost(error) if error is not None else None
+            if lost and losses[build.projection.name] < EXECUTOR_LOSS_RESTARTS:
+                losses[build.projection.name] += 1
+                bar.end()
+                say(f"  {build.projection.name}: its batch lost an executor ({lost}); replaying it "
+                    f"({losses[build.projection.name]}/{EXECUTOR_LOSS_RESTARTS})")
+                running[index] = (build, progress, _start(spark, build))
     bar.end()
     for build, progress, query in running:
         error = query.exception()
@@ -156,6 +167,12 @@ def _run(spark: SparkSession, builds: list[Build], say) -> None:
             text = str(getattr(error, "desc", None) or error).strip().splitlines()
             raise RebuildFailed(f"the rebuild of {build.projection.name} failed: {text[0][:500] if text else error}")
         say(progress.summary(offsets.processed(build.shadow, build.projection)))
+
+
+def _start(spark: SparkSession, build: Build):
+    # A pool per projection, as in the runner: the FAIR scheduler shares the cores.
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", build.projection.name)
+    return build.projection.start(spark, build.shadow, True, build.fence)
 
 
 def _pause(settings: Settings, say) -> None:

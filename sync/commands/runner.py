@@ -37,6 +37,7 @@ from sync.stack.process import read_pid
 from sync.streaming import metrics
 from sync.streaming import spark as spark_session
 from sync.streaming.offsets import end_offsets
+from sync.streaming.stream import EXECUTOR_LOSS_RESTARTS, executor_lost
 
 
 def run(settings: Settings, once: bool = False) -> None:
@@ -103,7 +104,7 @@ def run(settings: Settings, once: bool = False) -> None:
                             queries[index] = _start(spark, settings, by_name[query.name], once,
                                                     fences[query.name])
                             continue
-                        lost = _executor_lost(error)
+                        lost = executor_lost(error)
                         if lost:
                             # On a cluster (sync/stack/spark_cluster.py): Spark runs a lost
                             # executor's tasks again elsewhere, but not a batch whose kept
@@ -153,19 +154,6 @@ def _checkpoint_conflict(error) -> bool:
     """Spark's guard against two queries on one checkpoint (its offset log's entry exists)."""
     text = str(getattr(error, "desc", None) or error)
     return "Multiple streaming jobs detected" in text or "ConcurrentModificationException" in text
-
-
-# Replays of one batch after lost executors before the runner gives up (a batch done resets it).
-EXECUTOR_LOSS_RESTARTS = 5
-# What Spark's error says when a batch failed because an executor went away.
-_EXECUTOR_LOST = ("CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND", "ExecutorLostFailure", "FetchFailed",
-                  "Executor heartbeat timed out", "Remote RPC client disassociated")
-
-
-def _executor_lost(error) -> str | None:
-    """Which of `_EXECUTOR_LOST` the query's error says, if any."""
-    text = str(getattr(error, "desc", None) or error)
-    return next((marker for marker in _EXECUTOR_LOST if marker in text), None)
 
 
 def _raised(error, kind: type) -> str | None:

@@ -8,9 +8,10 @@ dead letters. Generation 0 is the lake itself (`<lake>/mirrors/...`,
 catalog at it.
 
 The pointer is one small JSON file per projection, `<lake>/_catalog/NAME.json`, replaced
-whole (a rename on POSIX, a PUT in a bucket: sync/lake.py). Every path function (`mirror_path`,
-`ledger_path`, `checkpoint`, ...) reads it when called, so a reader resolves the old
-generation or the new one, both complete, and never a mixture or a half-built table.
+whole (a rename on POSIX, a PUT in a bucket: sync/lake.py). Every path function
+(`mirror_path`, `ledger_path`, `checkpoint`, ...) reads it when called, so a reader
+resolves the old generation or the new one, both complete, and never a mixture or a
+half-built table.
 
 A rebuild writes its new generation through settings whose `roots` override the
 catalog for the projection it builds (`building`); everything else it reads (the views

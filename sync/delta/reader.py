@@ -43,14 +43,15 @@ def scan(connection: duckdb.DuckDBPyConnection, path: str) -> str:
     if not connection.execute("SELECT 1 FROM duckdb_secrets() WHERE name = 'lake'").fetchall():
         connection.execute(f"LOAD '{_extension(duckdb_extension_httpfs, 'httpfs')}'")
         store, found = lake.store(), lake.credentials()
-        options = {"REGION": store.region, **({"KEY_ID": found["access_key"], "SECRET": found["secret_key"]}
-                                               if found else {}),
-                   **({"SESSION_TOKEN": found["session_token"]} if "session_token" in found else {})}
+        options: dict[str, str | bool] = {"REGION": store.region}
+        if found:
+            options.update(KEY_ID=found["access_key"], SECRET=found["secret_key"])
+            if "session_token" in found:
+                options["SESSION_TOKEN"] = found["session_token"]
         if store.endpoint:
-            address = store.endpoint.split("://", 1)
-            options.update({"ENDPOINT": address[-1], "URL_STYLE": "path",
-                            "USE_SSL": "true" if address[0] == "https" else "false"})
-        listed = ", ".join(f"{key} {value if value in ('true', 'false') else _literal(value)}"
+            scheme, _, address = store.endpoint.partition("://")
+            options.update(ENDPOINT=address, URL_STYLE="path", USE_SSL=scheme == "https")
+        listed = ", ".join(f"{key} {str(value).lower() if isinstance(value, bool) else _literal(value)}"
                            for key, value in options.items())
         connection.execute(f"CREATE SECRET lake (TYPE s3, {listed})")
     return lake.reader_uri(path)

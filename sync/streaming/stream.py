@@ -76,6 +76,23 @@ def run_batches(records: DataFrame, name: str, apply: Callable[[DataFrame, int],
     return writer.start()
 
 
+# Replays after lost executors before a query is given up (the runner counts them from its
+# last batch done, a rebuild over its run).
+EXECUTOR_LOSS_RESTARTS = 5
+# What Spark's error says when a batch failed because an executor went away.
+_EXECUTOR_LOST = ("CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND", "ExecutorLostFailure", "FetchFailed",
+                  "Executor heartbeat timed out", "Remote RPC client disassociated")
+
+
+def executor_lost(error) -> str | None:
+    """Which of `_EXECUTOR_LOST` a query's error says, if any. On a cluster Spark runs a
+    lost executor's tasks again elsewhere, but not a batch whose kept results
+    (localCheckpoint) were on it: its query fails, and started again from its checkpoint
+    it replays the batch, whose commits are idempotent (the runner and `rebuild` do)."""
+    text = str(getattr(error, "desc", None) or error)
+    return next((marker for marker in _EXECUTOR_LOST if marker in text), None)
+
+
 def remove_partial_log_writes(checkpoint: LakePath) -> None:
     """Remove what a killed process left half-written in the checkpoint's offset and
     commit logs: Spark writes each entry to a hidden temporary file (`.<batch>.<uuid>.tmp`,

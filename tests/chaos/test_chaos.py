@@ -10,6 +10,13 @@ lost, nothing doubled. The consistent point (sync/delta/points.py) has moved pas
 it stood at every fault, and there the mirrored balances equal the ledger's. A runner
 that exits on its own is started again, as its supervisor would, and its reason is
 reported. The figures go to <home>/chaos.json.
+
+Then, on what the faults left: the runner and `rebuild mirrors --verify` on a Spark
+standalone cluster of two one-core workers, while the clients write again; the worker
+running the rebuild's executor is killed mid-rebuild and started again. The rebuild from
+offset zero (four partitions, the lake in a bucket) equals the live mirrors, and the
+barrier and verify find every projection equal to Postgres. Its figures go to
+<home>/chaos-cluster.json.
 """
 
 import json
@@ -17,6 +24,8 @@ import os
 import random
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -33,8 +42,9 @@ from sync import config, lake
 from sync.commands import snapshot
 from sync.demo import bank
 from sync.stack import Connect, Kafka, Postgres
-from sync.stack.background import start_background
+from sync.stack.background import start_background, stop_background
 from sync.stack.process import pid_alive, read_pid, wait_until
+from sync.stack.spark_cluster import SparkCluster
 from sync.streaming.offsets import end_offsets
 from tests.chaos.conftest import LAKE
 from tests.e2e.conftest import lakesync
@@ -240,3 +250,65 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced, spark):
     # Every table the point names is in the bucket (tests/chaos/conftest.py), none on the disk.
     assert stack.lake == lake.at(LAKE) and all(t["path"].startswith(f"{LAKE}/") for t in point.tables.values())
     assert not (stack.home / "lake").exists()
+
+
+def test_on_a_cluster_that_loses_a_worker_a_rebuild_equals_the_live_mirrors_and_both_postgres(stack, synced,
+                                                                                                monkeypatch):
+    assert stop_background(stack, timeout=120), "the chaos run's runner is not running"
+    monkeypatch.setenv("LAKESYNC_SPARK_WORKERS", "2")  # for `up`, the runner, the rebuild, the barrier
+    settings = config.load()
+    cluster = SparkCluster(settings)
+    started = time.monotonic()
+    stop = threading.Event()
+    clients = [Workload(stack, client, stop) for client in (3, 4)] + [BankClient(stack, 5, stop)]
+    try:
+        lakesync("up", check=True, timeout=300)  # the cluster beside the stack
+        start_background(settings)  # all cores but one: one worker's executor
+        wait_until(lambda: len(executors(settings)) == 1, 180, "the runner's executor")
+        for client in clients:
+            client.start()
+        log = stack.home / "chaos-rebuild.log"
+        with open(log, "w") as output:
+            rebuild = subprocess.Popen([sys.executable, "-m", "sync", "rebuild", "mirrors", "--verify"],
+                                       stdout=output, stderr=subprocess.STDOUT)
+        wait_until(lambda: len(executors(settings)) == 2 or rebuild.poll() is not None, 180,
+                   "the rebuild's executor")
+        application, (worker, logs) = max(executors(settings).items())  # the newest: the rebuild's
+        wait_until(lambda: tasks_run(logs) > 20 or rebuild.poll() is not None, 300, "tasks of the rebuild")
+        assert rebuild.poll() is None, f"the rebuild ended before its worker was killed:\n{log.read_text()}"
+        os.killpg(read_pid(cluster.pidfile(worker)), signal.SIGKILL)  # its executor too
+        wait_until(lambda: cluster.workers_running() == 1, 10, "the killed worker gone")
+        lakesync("up", check=True, timeout=300)  # starts it again; the rebuild gets an executor there
+        stop.set()
+        for client in clients:
+            client.join(timeout=30)
+        rebuild.wait(timeout=1200)
+        output = log.read_text()
+        reports = synced(timeout=600)
+        figures = {"seconds": round(time.monotonic() - started, 1), "killed": f"{worker} ({application})",
+                   "tasks_before_the_kill": tasks_run(logs), "rebuild_exit": rebuild.returncode,
+                   "replays": [line.strip() for line in output.splitlines() if "lost an executor" in line],
+                   "transactions_committed": sum(c.committed for c in clients),
+                   "differences": sum(r.differences for r in reports.values()), "tables_compared": len(reports)}
+        (stack.home / "chaos-cluster.json").write_text(json.dumps(figures, indent=2))
+        print(json.dumps(figures, indent=2))
+        assert rebuild.returncode == 0 and "verify: the rebuilt projection is identical" in output, output
+        assert figures["transactions_committed"] > 0 and figures["differences"] == 0
+        assert cluster.workers_running() == 2 and read_pid(settings.runner_pidfile) is not None
+    finally:
+        stop.set()
+        stop_background(settings, timeout=120)
+        cluster.stop()
+
+
+def executors(settings) -> dict[str, tuple[str, list]]:
+    """Per application that has an executor on the cluster: its worker and the executor's logs."""
+    found = {}
+    for folder in (settings.home / "spark").glob("worker-*"):
+        for application in folder.glob("app-*"):
+            found[application.name] = (folder.name, list(application.glob("*/stderr")))
+    return found
+
+
+def tasks_run(logs) -> int:
+    return sum(log.read_text(errors="replace").count("Running task") for log in logs)

@@ -53,7 +53,8 @@ def test_the_lake_is_a_local_directory_or_a_bucket_and_other_uris_are_refused_in
 def test_an_object_path_names_like_a_path():
     orders = lake.ObjectPath("bucket", "lake/mirrors/orders")
     offsets = orders / "_delta_log" / "00000000000000000007.json"
-    assert (offsets.name, offsets.stem, offsets.suffix) == ("00000000000000000007.json", "00000000000000000007", ".json")
+    assert (offsets.name, offsets.stem, offsets.suffix) == ("00000000000000000007.json", "00000000000000000007",
+                                                            ".json")
     assert offsets.parent.parent == orders and orders.parent.parent == lake.ObjectPath("bucket", "lake")
     assert str(offsets.with_suffix(".crc")) == "s3a://bucket/lake/mirrors/orders/_delta_log/00000000000000000007.crc"
     assert lake.at(str(orders)) == orders and lake.at(orders) is orders

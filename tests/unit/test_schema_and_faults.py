@@ -6,10 +6,11 @@ from types import SimpleNamespace
 import pytest
 from pyspark.sql import types as T
 
-from sync.commands.runner import _executor_lost, _raised
+from sync.commands.runner import _raised
 from sync.delta.fencing import Fence, latest_epoch, take
 from sync.delta.schema import widens
 from sync.errors import Fenced
+from sync.streaming.stream import executor_lost
 
 
 @pytest.mark.parametrize("old, new, ok", [
@@ -62,6 +63,6 @@ def test_the_runner_tells_a_lost_executor_from_another_failure():
             "org.apache.spark.SparkException: [CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND] Checkpoint block rdd_3950_1 "
             "not found!\nEither the executor that originally checkpointed this partition is no longer alive, "
             "or the original RDD is unpersisted.\n")
-    assert _executor_lost(text) == "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
-    assert _executor_lost("Job aborted: ExecutorLostFailure (executor 1 exited)") == "ExecutorLostFailure"
-    assert _executor_lost("[DELTA_CONCURRENT_APPEND] Files were added by a concurrent update") is None
+    assert executor_lost(text) == "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
+    assert executor_lost("Job aborted: ExecutorLostFailure (executor 1 exited)") == "ExecutorLostFailure"
+    assert executor_lost("[DELTA_CONCURRENT_APPEND] Files were added by a concurrent update") is None
