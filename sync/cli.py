@@ -20,7 +20,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sync import config
+from sync import config, lake
 from sync.errors import LakesyncError
 
 
@@ -102,7 +102,13 @@ def cmd_snapshot(settings, args) -> int:
     from sync.commands import snapshot
 
     point = snapshot.latest(settings, tuple(name.strip() for name in args.of.split(",") if name.strip()))
-    print(json.dumps(asdict(point), indent=2) if args.json else snapshot.render(point))
+    if not args.json:
+        print(snapshot.render(point))
+        return 0
+    shown = asdict(point)
+    for table in shown["tables"].values():  # how DuckDB and delta-rs name it (s3:// for a bucket's)
+        table["reader_path"] = lake.reader_uri(table["path"])
+    print(json.dumps(shown, indent=2))
     return 0
 
 

@@ -26,6 +26,7 @@ by path (http://host/bucket/key), as those stores expect.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 import shutil
 import threading
@@ -41,10 +42,16 @@ SCHEMES = ("s3a", "s3")  # Hadoop's name for S3 and everyone else's
 
 @dataclass(frozen=True)
 class ObjectStat:
-    """What `ObjectPath.stat` tells, under os.stat_result's names."""
+    """What `ObjectPath.stat` tells, under os.stat_result's names. An object's modification
+    time has a second's precision, so where a file's identity is its inode an object's
+    is its ETag (a digest of its content), as a number."""
     st_size: int
     st_mtime_ns: int
-    st_ino: int = 0
+    st_ino: int
+
+    @classmethod
+    def of(cls, size: int, modified, etag: str) -> "ObjectStat":
+        return cls(size, int(modified.timestamp() * 1e9), int(hashlib.sha1(etag.encode()).hexdigest()[:15], 16))
 
 
 @dataclass(frozen=True)
@@ -107,7 +114,7 @@ class ObjectPath:
                 yield ObjectPath(self.bucket, folder["Prefix"].rstrip("/"))
             for found in page.get("Contents", []):
                 if found["Key"] != prefix:
-                    stat = ObjectStat(found["Size"], int(found["LastModified"].timestamp() * 1e9))
+                    stat = ObjectStat.of(found["Size"], found["LastModified"], found["ETag"])
                     yield ObjectPath(self.bucket, found["Key"], listed=stat)
 
     def glob(self, pattern: str) -> Iterator["ObjectPath"]:
@@ -119,7 +126,7 @@ class ObjectPath:
         if self.listed is not None:
             return self.listed
         head = _call("head_object", Bucket=self.bucket, Key=self.key)
-        return ObjectStat(head["ContentLength"], int(head["LastModified"].timestamp() * 1e9))
+        return ObjectStat.of(head["ContentLength"], head["LastModified"], head["ETag"])
 
     def read_bytes(self) -> bytes:
         return _call("get_object", Bucket=self.bucket, Key=self.key)["Body"].read()

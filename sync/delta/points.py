@@ -158,10 +158,10 @@ def _read(folder: LakePath, batch: int) -> Point:
 
 
 # Per points folder: each file's point as last parsed, with the file's identity (inode,
-# mtime, size; in a bucket, the listing's mtime and size). A follower reads its leaders'
-# points every batch, and `meet` every 0.2 s while it waits: parsing all of them each
-# time cost 28 ms per 1,000 points, 3 ms with this. A file changes only when a replayed
-# batch writes its point again (atomically: a new file).
+# mtime, size; in a bucket, its ETag for the inode: sync/lake.py). A follower reads its
+# leaders' points every batch, and `meet` every 0.2 s while it waits: parsing all of them
+# each time cost 28 ms per 1,000 points, 3 ms with this. A file changes only when a
+# replayed batch writes its point again (atomically: a new file).
 _parsed: dict[LakePath, dict[str, tuple[tuple[int, int, int], Point]]] = {}
 _parsed_lock = threading.Lock()
 

@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 from projections.ledger import audit
 from sync import config, lake
 from sync.commands import snapshot
+from sync.delta import reader
 from sync.demo import bank
 from sync.stack import Connect, Kafka, Postgres
 from sync.stack.background import start_background, stop_background
@@ -250,6 +251,15 @@ def test_chaos_loses_and_doubles_nothing(stack, app_db, synced, spark):
     # Every table the point names is in the bucket (tests/chaos/conftest.py), none on the disk.
     assert stack.lake == lake.at(LAKE) and all(t["path"].startswith(f"{LAKE}/") for t in point.tables.values())
     assert not (stack.home / "lake").exists()
+    # A reader outside Hadoop reads a table of the point by the name `snapshot --json` gives it.
+    accounts = json.loads(lakesync("snapshot", "--json", check=True).stdout)["tables"]["mirror.accounts"]
+    assert accounts["reader_path"] == f"s3://{accounts['path'][len('s3a://'):]}"
+    duck = reader.connect()
+    assert reader.scan(duck, accounts["path"]) == accounts["reader_path"]  # (and the bucket's secret made)
+    assert duck.execute("SELECT count(*) FROM delta_scan(?, version => ?)",
+                        [accounts["reader_path"], accounts["version"]]).fetchone()[0] == (
+        spark.read.format("delta").option("versionAsOf", accounts["version"]).load(accounts["path"]).count())
+    duck.close()
 
 
 def test_on_a_cluster_that_loses_a_worker_a_rebuild_equals_the_live_mirrors_and_both_postgres(stack, synced,

@@ -167,6 +167,7 @@ def test_run_once_processes_what_is_there_and_exits(stack, app_db, db, synced, s
     shown = json.loads(lakesync("snapshot", "--json", check=True).stdout)
     assert shown["offset"] == consistent[-1].offset and shown["tables"]["mirror.accounts"]["version"] == versions[-1]
     assert shown["tables"]["ledger"]["version"] == latest_version(entries)
+    assert shown["tables"]["ledger"]["reader_path"] == shown["tables"]["ledger"]["path"]  # (a directory's)
 
     # The views and event time stand there too (each names the versions of the changelog,
     # the ledger and the mirrors it read): at the point, every ledger entry is enriched and

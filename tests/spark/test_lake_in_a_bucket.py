@@ -42,6 +42,10 @@ def test_objects_behave_as_the_files_lakesync_keeps(object_store, bucket_lake):
     assert sorted(p.name for p in folder.iterdir()) == ["7.json", "decisions"]
     assert [p.name for p in folder.glob("[0-9]*.json")] == ["7.json"]
     assert (folder / "7.json").stat().st_size == len('{"batch": 7, "again": true}')
+    listed = next(folder.glob("7.json")).stat()
+    assert listed == (folder / "7.json").stat()
+    lake.replace_text(folder / "7.json", '{"batch": 7, "again": 1234}')  # as large, within the second
+    assert (folder / "7.json").stat().st_ino != listed.st_ino  # (the points' cache tells them apart)
     with pytest.raises(FileNotFoundError):
         (folder / "8.json").read_text()
     with pytest.raises(FileNotFoundError):
