@@ -283,8 +283,11 @@ def test_on_a_cluster_that_loses_a_worker_a_rebuild_equals_the_live_mirrors_and_
                                        stdout=output, stderr=subprocess.STDOUT)
         wait_until(lambda: len(executors(settings)) == 2 or rebuild.poll() is not None, 180,
                    "the rebuild's executor")
-        application, (worker, logs) = max(executors(settings).items())  # the newest: the rebuild's
-        wait_until(lambda: tasks_run(logs) > 20 or rebuild.poll() is not None, 300, "tasks of the rebuild")
+        application, (worker, _) = max(executors(settings).items())  # the newest: the rebuild's
+
+        def logs():  # (read again: its executor's folder may not be there yet)
+            return executors(settings)[application][1]
+        wait_until(lambda: tasks_run(logs()) > 20 or rebuild.poll() is not None, 300, "tasks of the rebuild")
         assert rebuild.poll() is None, f"the rebuild ended before its worker was killed:\n{log.read_text()}"
         os.killpg(read_pid(cluster.pidfile(worker)), signal.SIGKILL)  # its executor too
         wait_until(lambda: cluster.workers_running() == 1, 10, "the killed worker gone")
@@ -296,7 +299,7 @@ def test_on_a_cluster_that_loses_a_worker_a_rebuild_equals_the_live_mirrors_and_
         output = log.read_text()
         reports = synced(timeout=600)
         figures = {"seconds": round(time.monotonic() - started, 1), "killed": f"{worker} ({application})",
-                   "tasks_before_the_kill": tasks_run(logs), "rebuild_exit": rebuild.returncode,
+                   "tasks_run": tasks_run(logs()), "rebuild_exit": rebuild.returncode,
                    "replays": [line.strip() for line in output.splitlines() if "lost an executor" in line],
                    "transactions_committed": sum(c.committed for c in clients),
                    "differences": sum(r.differences for r in reports.values()), "tables_compared": len(reports)}
