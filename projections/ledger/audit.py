@@ -101,7 +101,7 @@ def file_problems(path: str, table) -> list[str]:
     problems = []
     for action in pa.table(table.get_add_actions(flatten=True)).select(["path", "size_bytes"]).to_pylist():
         file = lake.at(path) / unquote(action["path"])
-        if not file.exists():
+        if not file.is_file():
             problems.append(f"data file {action['path']} is listed in the Delta log but missing")
         elif file.stat().st_size != action["size_bytes"]:
             problems.append(f"data file {action['path']} has {file.stat().st_size} bytes; "

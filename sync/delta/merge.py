@@ -131,7 +131,7 @@ def never_written(path: str) -> bool:
     at most altered since): read from its log files. False once it has a checkpoint (a
     table with that many commits is not worth the reading)."""
     log = lake.at(path) / "_delta_log"
-    if (log / "_last_checkpoint").exists():
+    if (log / "_last_checkpoint").is_file():
         return False
     for commit in log.glob("[0-9]*.json"):
         if any("add" in json.loads(line) for line in commit.read_text().splitlines() if line.strip()):
@@ -274,12 +274,11 @@ def latest_version(path: str) -> int:
     """The table's latest version, from its log's files: from the last checkpoint on (at
     most a checkpoint interval of files to probe), not by listing the whole log."""
     log = lake.at(path) / "_delta_log"
-    checkpoint = log / "_last_checkpoint"
     try:
-        version = json.loads(checkpoint.read_text())["version"] if checkpoint.exists() else 0
-    except (ValueError, KeyError):  # being rewritten: probe from the start
+        version = json.loads((log / "_last_checkpoint").read_text())["version"]
+    except (FileNotFoundError, ValueError, KeyError):  # none yet, or being rewritten: probe from the start
         version = 0
-    while (log / f"{version + 1:020d}.json").exists():
+    while (log / f"{version + 1:020d}.json").is_file():
         version += 1
     return version
 
@@ -292,7 +291,7 @@ def last_commit_info(path: str) -> dict:
 
 def _commit_info(commit: LakePath) -> dict:
     """The commitInfo action of one commit's log file; empty when the file is gone."""
-    if not commit.exists():
+    if not commit.is_file():
         return {}
     for line in commit.read_text().splitlines():
         action = json.loads(line)

@@ -129,7 +129,7 @@ def decision(root: LakePath, projection: str, batch: int, decide: Callable[[], d
     Without `decide`: the decision written, if any."""
     kept = folder(root, projection) / "decisions"
     path = kept / f"{batch}.json"
-    if path.exists():
+    if path.is_file():
         return json.loads(path.read_text())
     if decide is None:
         return None
