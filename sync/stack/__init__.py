@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from sync.config import ADMIN_ROLE, ROLES, Settings, read_secrets
@@ -41,23 +42,36 @@ def ensure_secrets(settings: Settings) -> None:
 
 
 def up(settings: Settings, say: Callable[[str], None] = print) -> float:
-    """Start what is not running; returns the seconds it took."""
+    """Start what is not running; returns the seconds it took.
+
+    Two lines of starts at once: Postgres, the migrations, Kafka and Connect in turn
+    (each needs the one before it), and beside them the services that need none of the
+    others, OpenSearch and the Spark cluster, whose JVMs start while Connect's does. Each
+    says when it is ready; a failure of either line is raised once both have ended."""
     started = time.monotonic()
     ensure_secrets(settings)
-    steps = [
+    chain = [
         ("postgres", Postgres(settings).start),
         ("migrations", lambda: migrate.upgrade(settings)),
         ("kafka", Kafka(settings).start),
         ("connect + debezium", Connect(settings).start),
     ]
+    beside = []
     if settings.search_url:
-        steps.append(("opensearch", OpenSearch(settings.home, settings.jars, settings.search_port).start))
+        beside.append(("opensearch", OpenSearch(settings.home, settings.jars, settings.search_port).start))
     if settings.spark_workers:
-        steps.append((f"spark ({settings.spark_workers} workers)", SparkCluster(settings).start))
-    for name, start in steps:
-        t0 = time.monotonic()
-        start()
-        say(f"  {name:<20} ready ({time.monotonic() - t0:.1f}s)")
+        beside.append((f"spark ({settings.spark_workers} workers)", SparkCluster(settings).start))
+
+    def run(steps: list[tuple[str, Callable[[], object]]]) -> None:
+        for name, start in steps:
+            t0 = time.monotonic()
+            start()
+            say(f"  {name:<20} ready ({time.monotonic() - t0:.1f}s)")
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        side = pool.submit(run, beside)
+        run(chain)  # (a failure here too leaves the block only once the other line has ended)
+    side.result()
     return time.monotonic() - started
 
 

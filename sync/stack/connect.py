@@ -150,6 +150,10 @@ class Connect(jvm.JavaService):
             # Committed source offsets are what `lakesync wait` reads; commit them often.
             "offset.flush.interval.ms=1000",
             f"plugin.path={s.jars / 'plugins'}",
+            # Plugins found by their ServiceLoader manifests (KIP-898), which Debezium's jars,
+            # Kafka's and ours (jvm/smt) have, instead of a reflective scan of every class
+            # on the plugin path and the class path: the scan was 7-8 s of each start here.
+            "plugin.discovery=service_load",
             "topic.creation.enable=true",
             "exactly.once.source.support=enabled",
             "config.providers=file",

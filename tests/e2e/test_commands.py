@@ -13,7 +13,8 @@ pytestmark = pytest.mark.e2e
 
 def test_up_is_idempotent_and_reuses_what_runs(stack):
     result = lakesync("up", check=True)
-    assert "ready (0.0s)" in result.stdout.splitlines()[1]  # postgres was already running
+    ready = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert "ready (0.0s)" in ready["postgres"]  # it was already running
 
 
 def test_status_json_has_the_contract_keys(stack, app_db, synced):
