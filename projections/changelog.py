@@ -32,9 +32,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Iterator
 
-from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -46,16 +45,17 @@ from sync.cdc.decode import SOURCE_STRUCT, is_keyless
 from sync.cdc.ordering import position_columns
 from sync.compare import Report, compare
 from sync.config import TABLE_DROPS_TABLE, CaptureSet, Settings, pg_quoted
-from sync.delta import catalog, points
+from sync.delta import catalog, points, reader
 from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
-from sync.delta.merge import ensure_table, latest_version, rows_added, table_properties
+from sync.delta.merge import ensure_table, latest_version, rows_added, table_exists, table_properties
+from sync.delta.reader import Readers
 from sync.lake import LakePath
 from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
 from sync.streaming.offsets import BatchPartitions
 from sync.streaming.progress import Outcome, Steps
-from sync.streaming.stream import Ranges, at_or_after, read_ranges, read_topics, run_batches, start_offsets
+from sync.streaming.stream import Ranges, read_ranges, read_topics, run_batches, start_offsets
 
 NAME = "changelog"
 KIND = "changelog"
@@ -209,63 +209,23 @@ class Changelog(Projection):
         return run_batches(read_topics(spark, settings, WHOLE_TRANSACTIONS), NAME, ChangelogBatch(settings, fence),
                            settings, once)
 
-    def check(self, settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
-        """verify's comparison for the changelog (see Oracle above)."""
+    def check(self, settings: Settings, readers: Readers, conn, target: Target) -> Report:
+        """verify's comparison for the changelog (see Oracle above), read by DuckDB."""
         source, key_columns = _postgres_keys(conn, settings.capture)
-        if not DeltaTable.isDeltaTable(spark, target.table):
+        if not table_exists(target.table):
             return compare(target, source, [], ["table", "key"], ["text", "jsonb"], ["table", "key"])
-        # After a resnapshot the log has a gap no one can fill: check from the new snapshot on.
-        log = (spark.read.format("delta").load(target.table)
-               .where(at_or_after(start_offsets(settings), "_topic", "_partition", "_offset")))
-
-        @F.udf("string", useArrow=False)
-        def key_in_image(table, image):
-            """A keyless change's key: the table's primary key columns of its row image."""
-            names = key_columns.get(table)
-            if not names or image is None:
-                return None
-            row = json.loads(image)
-            # Written as get_json_object writes a keyed change's key (compact, UTF-8), so a
-            # key's changes from before and after its table gained the key group together.
-            return json.dumps({name: row.get(name) for name in names}, separators=(",", ":"), ensure_ascii=False)
-        # Split, not coalesced: Spark runs a Python function on every row of its input.
-        rekeyed = (log.where(F.col("key").isNull() & F.col("table").isin(sorted(key_columns) or [""]))
-                   .withColumn("key", key_in_image("table", F.coalesce("after", "before"))))
-        keyed = log.where(F.col("key").isNotNull())
-        renamed = _key_renames(settings, key_columns)
-        if renamed:
-            @F.udf("string", useArrow=False)
-            def key_renamed(table, key):
-                """The key's JSON (as get_json_object writes it) with its columns' names now."""
-                for old, new in renamed[table].items():
-                    key = key.replace(_json_name(old), _json_name(new))
-                return key
-            tables = F.col("table").isin(sorted(renamed))
-            keyed = (keyed.where(~tables)
-                     .unionByName(keyed.where(tables).withColumn("key", key_renamed("table", "key"))))
-        keyed = keyed.unionByName(rekeyed)
-        position = F.struct("_commit_lsn", "_lsn", "_offset")
-        # A drop of the table (mirrors.DROPS_TOPIC) ends its rows like a truncate.
-        dropped = F.concat_ws(".", F.get_json_object("after", "$.schema_name"), F.get_json_object("after", "$.table_name"))
-        drops = log.where((F.col("table") == TABLE_DROPS_TABLE) & (F.col("_op") == "c")).select(
-            dropped.alias("table"), "_commit_lsn", "_lsn")
-        truncated = (keyed.where("_op = 't'").select("table", "_commit_lsn", "_lsn").unionByName(drops)
-                     .groupBy("table").agg(F.max(F.struct("_commit_lsn", "_lsn")).alias("truncated")))
-        latest = (keyed.where(F.col("_op").isin("c", "u", "r", "d") & F.col("key").isNotNull())
-                  .groupBy("table", "key")
-                  .agg(F.max_by(F.struct("_op", "_commit_lsn", "_lsn"), position).alias("last")))
-        live = (latest.join(truncated, "table", "left")
-                .where((F.col("last._op") != "d") & (F.col("truncated").isNull() | (
-                    F.struct("last._commit_lsn", "last._lsn") > F.col("truncated"))))
-                .where(F.col("table").isin(sorted({table for table, _ in source}) or [""]))
-                .select("table", "key"))
-        report = compare(target, source, (tuple(r) for r in live.toLocalIterator()),
-                         ["table", "key"], ["text", "jsonb"], ["table", "key"])
-        repeated = log.groupBy("_topic", "_partition", "_offset").count().where("count > 1").count()
+        start, table = start_offsets(settings), reader.scan(readers.duck, target.table)
+        live = live_keys(readers.duck, table, key_columns, _key_renames(settings, key_columns), start,
+                         sorted({name for name, _ in source}))
+        report = compare(target, source, live, ["table", "key"], ["text", "jsonb"], ["table", "key"])
+        repeated = repeated_positions(readers.duck, table, start)
         if repeated:
             report.differences += repeated
             report.error = f"{repeated} Kafka positions appear more than once"
         return report
+
+    def checks_with_spark(self, target: Target) -> bool:
+        return False
 
 
 PROJECTION = Changelog()
@@ -287,6 +247,81 @@ def _key_renames(settings: Settings, key_columns: dict[str, list[str]]) -> dict[
 def _json_name(name: str) -> str:
     """A column's name as a key of a JSON object (compact, UTF-8), with its colon."""
     return json.dumps(name, ensure_ascii=False) + ":"
+
+
+def live_keys(duck, table: str, key_columns: dict[str, list[str]], renamed: dict[str, dict[str, str]],
+              start: dict[tuple[str, int], int], tables: list[str]) -> Iterator[tuple[str, str]]:
+    """The (table, key) of every key of `tables` the changelog at `table` (a delta_scan
+    path) leaves live: its latest change not a delete, and after its table's latest
+    truncate or drop; read by DuckDB from Kafka position `start` on. `key_columns`: each
+    table's primary key columns now, `renamed`: their earlier names (`_key_renames`).
+    """
+    found = duck.execute(_live_keys_sql(key_columns, renamed, start, tables), [table])
+    while batch := found.fetchmany(10_000):
+        yield from batch
+
+
+def repeated_positions(duck, table: str, start: dict[tuple[str, int], int]) -> int:
+    """How many Kafka positions the changelog at `table` holds more than once."""
+    return duck.execute(f"SELECT count(*) FROM (SELECT 1 FROM delta_scan(?) WHERE {_at_or_after(start)} "
+                        "GROUP BY _topic, _partition, _offset HAVING count(*) > 1)", [table]).fetchone()[0]
+
+
+def _live_keys_sql(key_columns: dict[str, list[str]], renamed: dict[str, dict[str, str]],
+                   start: dict[tuple[str, int], int], tables: list[str]) -> str:
+    """`live_keys`' query (its delta_scan path the one parameter). A key is JSON as DuckDB writes it (compact, UTF-8), the key column's or one
+    built of the row image's key columns for a change made while its table had none, so
+    that a key's changes from before and after its table gained the key group together;
+    under its key columns' names now."""
+    def literal(text: str) -> str:
+        return "'" + text.replace("'", "''") + "'"
+
+    def pointer(column: str) -> str:  # RFC 6901: the column's name as a JSON pointer
+        return literal("/" + column.replace("~", "~0").replace("/", "~1"))
+
+    image_keys = " ".join(
+        f"WHEN {literal(table)} THEN json_object("
+        + ", ".join(f"{literal(c)}, json_extract(coalesce(after, before), {pointer(c)})" for c in columns) + ")"
+        for table, columns in sorted(key_columns.items()))
+    rekeyed = "" if not key_columns else f"""UNION ALL
+            SELECT "table", _op, CASE WHEN coalesce(after, before) IS NOT NULL THEN CASE "table" {image_keys} END END,
+                   _commit_lsn, _lsn, _offset
+            FROM log WHERE log.key IS NULL AND "table" IN ({", ".join(map(literal, sorted(key_columns)))})"""
+    key = "json(key)"
+    for table, names in sorted(renamed.items()):
+        now = key
+        for old, new in names.items():
+            now = f"replace({now}, {literal(_json_name(old))}, {literal(_json_name(new))})"
+        key = f"CASE WHEN \"table\" = {literal(table)} THEN {now} ELSE {key} END"
+    dropped = "concat_ws('.', json_extract_string(after, '$.schema_name'), json_extract_string(after, '$.table_name'))"
+    listed = ", ".join(map(literal, tables)) or "NULL"
+    return f"""
+        WITH log AS (SELECT * FROM delta_scan(?) WHERE {_at_or_after(start)}),
+        keyed AS (
+            SELECT "table", _op, {key} AS key, _commit_lsn, _lsn, _offset FROM log WHERE log.key IS NOT NULL
+            {rekeyed}),
+        truncated AS (
+            SELECT "table", max({{'c': _commit_lsn, 'l': _lsn}}) AS truncated_at FROM (
+                SELECT "table", _commit_lsn, _lsn FROM keyed WHERE _op = 't'
+                UNION ALL
+                SELECT {dropped}, _commit_lsn, _lsn FROM log WHERE "table" = {literal(TABLE_DROPS_TABLE)} AND _op = 'c')
+            GROUP BY "table"),
+        latest AS (
+            SELECT "table", key, arg_max({{'op': _op, 'c': _commit_lsn, 'l': _lsn}},
+                                         {{'c': _commit_lsn, 'l': _lsn, 'o': _offset}}) AS change
+            FROM keyed WHERE _op IN ('c', 'u', 'r', 'd') AND key IS NOT NULL GROUP BY "table", key)
+        SELECT latest."table", key FROM latest LEFT JOIN truncated USING ("table")
+        WHERE change.op != 'd' AND (truncated_at IS NULL OR {{'c': change.c, 'l': change.l}} > truncated_at)
+              AND latest."table" IN ({listed})"""
+
+
+def _at_or_after(start: dict[tuple[str, int], int]) -> str:
+    """SQL of sync/streaming/stream.py's `at_or_after` over the changelog's Kafka positions."""
+    if not start:
+        return "true"
+    cases = " ".join(f"WHEN _topic = '{topic.replace(chr(39), chr(39) * 2)}' AND _partition = {partition} THEN {offset}"
+                     for (topic, partition), offset in sorted(start.items()))
+    return f"_offset >= CASE {cases} ELSE 0 END"
 
 
 def _postgres_keys(conn, capture: CaptureSet) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # annotations only
 
     from sync.compare import Report
     from sync.delta.fencing import Fence
+    from sync.delta.reader import Readers
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,13 @@ class Projection(ABC):
         """What `verify` compares (with Postgres at hand: the mirrors list its tables)."""
         return self.targets(settings)
 
-    def check(self, settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
+    def check(self, settings: Settings, readers: Readers, conn, target: Target) -> Report:
         """`verify`'s comparison for a target without oracle SQL."""
         raise NotImplementedError(f"{self.name} has no check for {target.name}")
+
+    def checks_with_spark(self, target: Target) -> bool:
+        """Whether `check` of `target` reads with Spark (verify starts the session ahead)."""
+        return True
 
     def ready(self, settings: Settings) -> bool:
         """Whether the query can start: a Delta-fed one waits for its input tables."""

@@ -16,18 +16,22 @@ from projections.event_time.tables import (COMMERCE, COMMERCE_STREAM, HOURLY, IN
 from projections.ledger import ledger_path
 from sync.compare import Report, compare
 from sync.config import Settings
+from sync.delta.reader import Readers
 from sync.projection import Target
 from sync.streaming.stream import at_or_after, start_offsets
 
 
-def check(settings: Settings, spark: SparkSession, target: Target) -> Report:
-    """Streaming equals batch: the table `target` names against its recomputation."""
+def check(settings: Settings, readers: Readers, target: Target) -> Report:
+    """Streaming equals batch: the table `target` names against its recomputation (made
+    once per verify, for every table's check: `Expected`)."""
+    spark = readers.spark
     view = next(v for v in VIEWS if v.target == target.name)
     types = {"bigint": "bigint", "int": "integer", "string": "text", "timestamp": "timestamp without time zone"}
     kinds = [c.split()[1] for c in view.schema.split(", ") if not c.startswith("`_applied_at`")]
     columns = [types.get(k, "numeric") for k in kinds]
     table = path(settings, view.table)
-    expected = Expected(settings, spark).rows(view) if source(settings).exist() else []
+    expected = (readers.shared("event_time.expected", lambda: Expected(settings, spark)).rows(view)
+                if source(settings).exist() else [])
     actual = ((tuple(r) for r in spark.read.format("delta").load(table).select(*view.columns).toLocalIterator())
               if DeltaTable.isDeltaTable(spark, table) else [])
     return compare(target, expected, actual, view.columns, columns, view.keys)

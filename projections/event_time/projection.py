@@ -60,6 +60,7 @@ from sync.compare import Report
 from sync.config import Settings
 from sync.delta import catalog, points
 from sync.delta.fencing import Fence
+from sync.delta.reader import Readers
 from sync.lake import LakePath
 from sync.projection import DeltaTables, Projection, Target
 from sync.streaming.stream import run_batches
@@ -83,8 +84,8 @@ class EventTime(Projection):
         """Event time's points (sync/delta/points.py): they name its tables' versions."""
         return [points.folder(catalog.root(settings, NAME), NAME)]
 
-    def check(self, settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
-        return oracle.check(settings, spark, target)
+    def check(self, settings: Settings, readers: Readers, conn, target: Target) -> Report:
+        return oracle.check(settings, readers, target)
 
     def start(self, spark: SparkSession, settings: Settings, once: bool, fence: Fence) -> StreamingQuery:
         changelog, ledger = source(settings).paths

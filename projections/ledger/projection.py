@@ -67,6 +67,7 @@ from sync.delta.commit import BatchCommit
 from sync.delta.deadletters import DeadLetter
 from sync.delta.fencing import Fence
 from sync.delta.merge import ensure_table
+from sync.delta.reader import Readers
 from sync.lake import LakePath
 from sync.outbox import sequence_table, topic
 from sync.projection import KafkaTopics, Projection, Target
@@ -349,9 +350,10 @@ class Ledger(Projection):
         return run_batches(read_topics(spark, settings, WHOLE_TRANSACTIONS), NAME, LedgerBatch(settings, fence),
                            settings, once)
 
-    def check(self, settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
+    def check(self, settings: Settings, readers: Readers, conn, target: Target) -> Report:
         """verify's comparison for the ledger: each account's entry count against Postgres'
-        outbox_sequence, every chain recomputed, and every operation summing to zero."""
+        outbox_sequence, every chain recomputed, and every operation summing to zero (the
+        entries read by delta-rs: projections/ledger/audit.py)."""
         expected = conn.execute("SELECT aggregate_id::bigint, last_seq FROM outbox_sequence "
                                 "WHERE aggregate_type = %s AND aggregate_id ~ '^-?[0-9]{1,18}$'",
                                 (AGGREGATE,)).fetchall()
@@ -369,6 +371,9 @@ class Ledger(Projection):
             report.error = "; ".join([str(p) for p in problems[:3]] +
                                      [f"operation {op} sums to {total}, not 0" for op, total in unbalanced[:3]])
         return report
+
+    def checks_with_spark(self, target: Target) -> bool:
+        return False
 
 
 PROJECTION = Ledger()

@@ -87,11 +87,14 @@ def path(settings: Settings) -> str:
     return str(catalog.root(settings, "views") / "order_docs")
 
 
+INDEX_TARGET = "search.order_docs"  # the documents in the search index (checked by `check_index`)
+
+
 def targets(settings: Settings) -> list[Target]:
     found = [Target(name="view.order_docs", kind="documents", table=path(settings), keys=["order_id"],
                     oracle_sql=DOCS_SQL, source="orders, customers, order_items", target_filter="NOT deleted")]
     if settings.search_url:
-        found.append(Target(name="search.order_docs", kind="search index", table=f"{settings.search_url}/{INDEX}",
+        found.append(Target(name=INDEX_TARGET, kind="search index", table=f"{settings.search_url}/{INDEX}",
                             keys=["order_id"], source="view.order_docs", delta=False))
     return found
 

@@ -67,6 +67,7 @@ from sync.config import Settings
 from sync.delta import catalog, points
 from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
+from sync.delta.reader import Readers
 from sync.errors import LakesyncError
 from sync.lake import LakePath
 from sync.projection import DeltaTables, Projection, Target
@@ -97,12 +98,16 @@ class Views(Projection):
     def targets(self, settings: Settings) -> list[Target]:
         return [t for view in VIEWS for t in view.targets(settings)]
 
-    def check(self, settings: Settings, spark: SparkSession, conn, target: Target) -> Report:
+    def check(self, settings: Settings, readers: Readers, conn, target: Target) -> Report:
         """verify's comparison for the targets without oracle SQL: the enriched ledger (the
-        join recomputed at rest) and the search index (its documents against DOCS_SQL)."""
-        if target.name == "search.order_docs":
+        join recomputed at rest, in Spark) and the search index (its documents against
+        DOCS_SQL)."""
+        if target.name == order_docs.INDEX_TARGET:
             return order_docs.check_index(settings, conn, target)
-        return ledger_enriched.check(settings, spark, conn, target)
+        return ledger_enriched.check(settings, readers.spark, conn, target)
+
+    def checks_with_spark(self, target: Target) -> bool:
+        return target.name != order_docs.INDEX_TARGET
 
     def state_paths(self, settings: Settings) -> list[LakePath]:
         """The views' points (sync/delta/points.py): they name their tables' versions."""

@@ -13,14 +13,18 @@ the first table there is read).
 from __future__ import annotations
 
 import datetime as dt
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import duckdb
 import duckdb_extension_delta
 import duckdb_extension_httpfs
 
 from sync import lake
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def _extension(package, name: str) -> Path:
@@ -33,6 +37,48 @@ def connect() -> duckdb.DuckDBPyConnection:
     connection.execute(f"LOAD '{_extension(duckdb_extension_delta, 'delta')}'")
     connection.execute("SET TimeZone = 'UTC'")
     return connection
+
+
+class Readers:
+    """What verify's checks read the lake with: this DuckDB connection, and a Spark session
+    for the checks that recompute a projection the way Spark computes it. The session is
+    the one given, or started by `start_spark` in a side thread (its JVM takes seconds
+    to start: verify compares other targets meanwhile), or on first use."""
+
+    def __init__(self, start: Callable[[], SparkSession], spark: SparkSession | None = None):
+        self.duck = connect()
+        self._start = start
+        self._starter: ThreadPoolExecutor | None = None
+        self._spark: Future | None = None
+        self._shared: dict[str, Any] = {}
+        if spark is not None:
+            self._spark = Future()
+            self._spark.set_result(spark)
+
+    def start_spark(self) -> None:
+        """Start the Spark session in a side thread, unless one is started or given."""
+        if self._spark is None:
+            self._starter = ThreadPoolExecutor(1, thread_name_prefix="spark-start")
+            self._spark = self._starter.submit(self._start)
+
+    @property
+    def spark(self) -> SparkSession:
+        self.start_spark()
+        return self._spark.result()
+
+    def shared(self, name: str, make: Callable[[], Any]) -> Any:
+        """What several checks of one verify read alike, made by the first that asks for
+        `name` (event time's recomputation, which each of its tables' checks reads)."""
+        if name not in self._shared:
+            self._shared[name] = make()
+        return self._shared[name]
+
+    def close(self) -> None:
+        """Close DuckDB, once the Spark session is started if it is being started (it
+        stays open for what comes after verify)."""
+        self.duck.close()
+        if self._starter is not None:
+            self._starter.shutdown()
 
 
 def scan(connection: duckdb.DuckDBPyConnection, path: str) -> str:
