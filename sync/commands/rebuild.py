@@ -21,7 +21,7 @@ The steps, in order (for several projections, side by side in one Spark session)
           steps 4 to 6, sync/commands/freshness.py);
        c. bring the new generation to the same position (one more availableNow run);
        d. compare every table both ways, every column but `_applied_at` (when our job
-          ran): equal, or the keys that differ;
+          ran), read by DuckDB: equal, or the keys that differ;
        e. resume the connector, whatever happened above.
   3. Swap (--swap; after --verify only when it found no difference):
        a. catch the new generation up once more, the live runner still running;
@@ -38,18 +38,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from duckdb import DuckDBPyConnection
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from projections import changelog
 from projections.ledger import projection as ledger
 from sync import lake
 from sync.cdc.transactions import held_after
-from sync.cdc.types import columns, quoted
 from sync.commands import all_projections, freshness, projection_named
 from sync.commands.snapshot import PUBLISHERS
 from sync.config import CONNECTOR_NAME, Settings
-from sync.delta import catalog, fencing
+from sync.delta import catalog, fencing, reader
 from sync.errors import LakesyncError
 from sync.projection import Projection, Target
 from sync.stack.background import start_background, stop_background
@@ -235,8 +234,12 @@ def _verify(spark: SparkSession, settings: Settings, builds: list[Build], say) -
         started = time.monotonic()
         freshness.drain(settings, started, started + VERIFY_DRAIN_SECONDS, {b.projection.name for b in builds})
         _run(spark, builds, say)
-        comparisons = [compare(spark, live, rebuilt) for build in builds
-                       for live, rebuilt in _pairs(settings, build.shadow, build.projection)]
+        duck = reader.connect()
+        try:
+            comparisons = [compare(duck, live, rebuilt) for build in builds
+                           for live, rebuilt in _pairs(settings, build.shadow, build.projection)]
+        finally:
+            duck.close()
     finally:
         rest(settings, "PUT", f"/connectors/{CONNECTOR_NAME}/resume")
         say("verify: capture resumed")
@@ -251,47 +254,54 @@ def _pairs(settings: Settings, shadow: Settings, projection: Projection) -> list
     return [(live.get(n), rebuilt.get(n)) for n in sorted(set(live) | set(rebuilt))]
 
 
-def compare(spark: SparkSession, live: Target | None, rebuilt: Target | None) -> Comparison:
+def compare(duck: DuckDBPyConnection, live: Target | None, rebuilt: Target | None) -> Comparison:
     """Every row of one table against the other, both ways (a multiset difference), in one
-    pass over each: the two sides' rows are grouped together, each group counts its rows
-    on either side, and a group whose counts differ is a difference (every key in it, or
-    each surplus row of a table without keys). Only a difference is read again, for the
-    sample."""
-    def load(target):
+    pass over each, read by DuckDB (sync/delta/reader.py: a reader apart from the Spark that
+    wrote both): the two sides' rows are grouped together, each group counts its rows on
+    either side, and a group whose counts differ is a difference (every key in it, or each
+    surplus row of a table without keys). Only a difference is read again, for the sample."""
+    def load(target) -> tuple[str, list[str]] | None:
+        """(what delta_scan takes, the compared columns in name order) of a table; None: none."""
         if target is None or not (lake.at(target.table) / "_delta_log").is_dir():
             return None
-        frame = spark.read.format("delta").load(target.table)
-        return frame.select(*columns(sorted(c for c in frame.columns if c not in VOLATILE)))
+        path = reader.scan(duck, target.table)
+        names = [name for (name, *_) in duck.execute("DESCRIBE SELECT * FROM delta_scan(?)", [path]).fetchall()]
+        return path, sorted(c for c in names if c not in VOLATILE)
 
     name = (live or rebuilt).name
     keys = (live or rebuilt).keys
     left, right = load(live), load(rebuilt)
+
+    def count(side) -> int:
+        return duck.execute("SELECT count(*) FROM delta_scan(?)", [side[0]]).fetchone()[0]
     if left is None or right is None:
-        present = left if left is not None else right
-        rows = present.count() if present is not None else 0
+        rows = count(left or right) if (left or right) else 0
         return Comparison(name, rows if left is not None else 0, rows if right is not None else 0, rows,
                           ["(the table exists on one side only)"] if rows else [])
-    if left.columns != right.columns:
-        return Comparison(name, left.count(), right.count(), 1,
-                          [f"columns differ: live {left.columns}, rebuilt {right.columns}"])
-    on_left, on_right = F.col(quoted(LIVE)), F.col(quoted(REBUILT))
-    key_columns = columns(keys)
-    groups = (left.select("*", F.lit(1).alias(LIVE), F.lit(0).alias(REBUILT))
-              .unionByName(right.select("*", F.lit(0).alias(LIVE), F.lit(1).alias(REBUILT)))
-              .groupBy(*columns(left.columns))
-              .agg(F.sum(on_left).alias(LIVE), F.sum(on_right).alias(REBUILT)))
-    differs = on_left != on_right
-    counted = (F.count_distinct(F.when(differs, F.struct(*key_columns))) if keys
-               else F.sum(F.when(differs, F.abs(on_left - on_right))))
-    totals = groups.agg(F.sum(on_left), F.sum(on_right), counted).first()
-    live_rows, rebuilt_rows, count = (int(value or 0) for value in totals)
+    if left[1] != right[1]:
+        return Comparison(name, count(left), count(right), 1,
+                          [f"columns differ: live {left[1]}, rebuilt {right[1]}"])
+    listed = ", ".join(map(reader.quoted, left[1]))
+    on_left, on_right = reader.quoted(LIVE), reader.quoted(REBUILT)
+    duck.execute(f"""CREATE OR REPLACE TEMP TABLE compared AS
+        SELECT {listed}, sum({on_left}) AS {on_left}, sum({on_right}) AS {on_right} FROM (
+            SELECT {listed}, 1 AS {on_left}, 0 AS {on_right} FROM delta_scan($live)
+            UNION ALL
+            SELECT {listed}, 0, 1 FROM delta_scan($rebuilt))
+        GROUP BY {listed}""", {"live": left[0], "rebuilt": right[0]})
+    key_columns = ", ".join(map(reader.quoted, keys))
+    differs = f"{on_left} != {on_right}"
+    counted = (f"count(DISTINCT row({key_columns})) FILTER (WHERE {differs})" if keys
+               else f"sum(abs({on_left} - {on_right})) FILTER (WHERE {differs})")
+    totals = duck.execute(f"SELECT sum({on_left}), sum({on_right}), {counted} FROM compared").fetchone()
+    live_rows, rebuilt_rows, differences = (int(value or 0) for value in totals)
     sample = []
-    if count:
-        differing = groups.where(differs).drop(LIVE, REBUILT)
-        if keys:
-            differing = differing.select(*key_columns).distinct()
-        sample = [row.asDict() for row in differing.limit(5).collect()]
-    return Comparison(name, live_rows, rebuilt_rows, count, sample)
+    if differences:
+        shown = key_columns if keys else listed
+        found = duck.execute(f"SELECT DISTINCT {shown} FROM compared WHERE {differs} LIMIT 5").to_arrow_table()
+        sample = [reader.utc_naive(row) for row in found.to_pylist()]  # (Arrow: as reader.rows reads)
+    duck.execute("DROP TABLE compared")
+    return Comparison(name, live_rows, rebuilt_rows, differences, sample)
 
 
 def _swap(settings: Settings, builds: list[Build], say) -> None:
