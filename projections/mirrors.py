@@ -36,8 +36,9 @@ from typing import Callable
 
 from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
 from sync.cdc import columns as column_changes
@@ -66,6 +67,7 @@ from sync.projection import KafkaTopics, Projection, Target
 from sync.streaming.batch import Batch
 from sync.streaming.offsets import BatchPartitions
 from sync.streaming.progress import Outcome, Steps
+from sync.streaming.spark import expressions
 from sync.streaming.stream import Ranges, at_or_after, read_ranges, read_topics, run_batches, start_offsets
 
 NAME = "mirrors"
@@ -358,40 +360,10 @@ class MirrorBatch(Batch):
         Debezium record's schema is most of its bytes, and copying it out of every
         record cost more than the rest of this step). `moves` and `moved_away`: the batch
         has the create or the delete half of a key change (sync/delta/keychanges.py)."""
-        value = F.col("value").cast("string")
-        op = F.col("op")
-        truncate = F.when(op == "t", F.col("offset"))
-        drop = F.when((F.col("topic") == DROPS_TOPIC) & (op == "c"), F.struct(  # a snapshot read is no drop
-            F.get_json_object(value, "$.payload.after.schema_name").alias("schema"),
-            F.get_json_object(value, "$.payload.after.table_name").alias("table"),
-            F.get_json_object(value, "$.payload.source.sequence").alias("sequence")))
-        keyed = F.col("key").isNotNull() & (op != "t") & ~F.col("keyless")
-        latest = (records.select("topic", "offset", "key", "value", "headers",
-                                 F.get_json_object(value, "$.payload.op").alias("op"),
-                                 is_keyless(F.col("key")).alias("keyless"))
-                  .groupBy("topic").agg(
-                      F.max_by("value", "offset").alias("last_value"),
-                      # A truncate's key is its topic, a keyless change's its own (jvm/smt
-                      # KeyKeylessRecords): neither is the table's key.
-                      F.max_by("key", F.when(keyed, F.col("offset"))).alias("last_key"),
-                      F.min(F.when(keyed, F.col("offset"))).alias("keyed_from"),
-                      F.min(F.when(F.col("keyless"), F.col("offset"))).alias("keyless_from"),
-                      F.max_by(value, truncate).alias("last_truncate"),  # a null ordering is skipped
-                      F.max(op == "d").alias("deletes"),
-                      F.max(op == "u").alias("updates"),
-                      F.max(is_key_change(op, F.col("headers"), "c")).alias("moves"),
-                      F.max(is_key_change(op, F.col("headers"), "d")).alias("moved_away"),
-                      F.collect_list(drop).alias("drops"),
-                      F.collect_list(F.when(F.col("topic") == COLUMNS_TOPIC, value)).alias("column_changes")))
+        read, aggregates, selected = _per_topic()
         # Sorted here, not by Spark: a sort of a row per topic cost a sampling job and a shuffle.
-        return sorted(latest.select(
-            "topic", "deletes", "updates", "moves", "moved_away", "keyed_from", "keyless_from",
-            F.get_json_object(F.col("last_value").cast("string"), "$.schema").alias("value_schema"),
-            F.get_json_object(F.col("last_key").cast("string"), "$.schema").alias("key_schema"),
-            F.get_json_object(F.col("last_truncate"), "$.payload.source.sequence").alias("truncate_sequence"),
-            F.get_json_object(F.col("last_value").cast("string"), "$.payload.source.sequence").alias("last_sequence"),
-            "drops", "column_changes",
-        ).collect(), key=lambda row: row["topic"])
+        return sorted(records.select(*read).groupBy("topic").agg(*aggregates).select(*selected).collect(),
+                      key=lambda row: row["topic"])
 
     def _plan(self, spark: SparkSession, records: DataFrame, row, keyless: bool) -> "TablePlan":
         """What step 3 needs for one table's `records` (all keyless changes or none);
@@ -709,6 +681,44 @@ def _with_drops(rows: list, columns_changed_at: dict[str, Position]) -> list[dic
     return sorted(tables + alone, key=lambda row: row["topic"])
 
 
+@expressions
+def _per_topic() -> tuple[tuple[Column, ...], tuple[Column, ...], tuple[Column, ...]]:
+    """MirrorBatch._tables' columns read, aggregates per topic and columns out (the same
+    for every batch)."""
+    value = F.col("value").cast("string")
+    op = F.col("op")
+    truncate = F.when(op == "t", F.col("offset"))
+    drop = F.when((F.col("topic") == DROPS_TOPIC) & (op == "c"), F.struct(  # a snapshot read is no drop
+        F.get_json_object(value, "$.payload.after.schema_name").alias("schema"),
+        F.get_json_object(value, "$.payload.after.table_name").alias("table"),
+        F.get_json_object(value, "$.payload.source.sequence").alias("sequence")))
+    keyed = F.col("key").isNotNull() & (op != "t") & ~F.col("keyless")
+    read = (*columns(["topic", "offset", "key", "value", "headers"]),
+            F.get_json_object(value, "$.payload.op").alias("op"), is_keyless(F.col("key")).alias("keyless"))
+    aggregates = (
+        F.max_by("value", "offset").alias("last_value"),
+        # A truncate's key is its topic, a keyless change's its own (jvm/smt
+        # KeyKeylessRecords): neither is the table's key.
+        F.max_by("key", F.when(keyed, F.col("offset"))).alias("last_key"),
+        F.min(F.when(keyed, F.col("offset"))).alias("keyed_from"),
+        F.min(F.when(F.col("keyless"), F.col("offset"))).alias("keyless_from"),
+        F.max_by(value, truncate).alias("last_truncate"),  # a null ordering is skipped
+        F.max(op == "d").alias("deletes"),
+        F.max(op == "u").alias("updates"),
+        F.max(is_key_change(op, F.col("headers"), "c")).alias("moves"),
+        F.max(is_key_change(op, F.col("headers"), "d")).alias("moved_away"),
+        F.collect_list(drop).alias("drops"),
+        F.collect_list(F.when(F.col("topic") == COLUMNS_TOPIC, value)).alias("column_changes"))
+    selected = (
+        *columns(["topic", "deletes", "updates", "moves", "moved_away", "keyed_from", "keyless_from"]),
+        F.get_json_object(F.col("last_value").cast("string"), "$.schema").alias("value_schema"),
+        F.get_json_object(F.col("last_key").cast("string"), "$.schema").alias("key_schema"),
+        F.get_json_object(F.col("last_truncate"), "$.payload.source.sequence").alias("truncate_sequence"),
+        F.get_json_object(F.col("last_value").cast("string"), "$.payload.source.sequence").alias("last_sequence"),
+        *columns(["drops", "column_changes"]))
+    return read, aggregates, selected
+
+
 def _kinds(records: DataFrame, row) -> list[tuple[bool, DataFrame]]:
     """A table's records in the batch split by kind, keyless changes (True) or the others,
     the kind that comes first in the topic first (a table gains or loses its key between
@@ -734,23 +744,32 @@ def _screened(table: TablePlan) -> tuple[list[DeadLetter], Extent | None]:
         return [DeadLetter(row["_topic"], row["_partition"], row["_offset"], table.name, row[ERROR])
                 for row in undecodable.collect()], None
     data = [c for c in changes.columns if c not in PROVENANCE and c not in (UNCHANGED, ERROR)]
+    first = changes.schema[table.keys[0]].dataType
+    selected, aggregates = _screening(tuple(table.keys), tuple(data), first)
+    row = changes.select(*selected).agg(*aggregates).first()
+    return ([DeadLetter(r["_topic"], r["_partition"], r["_offset"], table.name, r[ERROR]) for r in row["refused"]],
+            extent_of(row, first))
+
+
+@expressions
+def _screening(keys: tuple[str, ...], data: tuple[str, ...], first: T.DataType) -> tuple[tuple[Column, ...], tuple[Column, ...]]:
+    """_screened's columns and aggregates for a table's keys, columns and first key
+    column's type."""
     content = F.when(F.col(ERROR).isNull(), F.xxhash64(*[F.col(quoted(c)) for c in data], F.col("_op")))
     # A position with more than one content: its least and greatest differ. Taken over a
     # window, so that one aggregate then collects the refused and spans the rest: one pass,
     # 3 Spark jobs, where grouping the positions, joining the rare ones found back and
     # spanning the rest on their own took 6. (No distinct count, which expands the rows
     # once more; no list of each position's records, an object aggregate over every change.)
-    position = columns([*table.keys, "_commit_lsn", "_lsn"])
+    position = columns([*keys, "_commit_lsn", "_lsn"])
     same_position = Window.partitionBy(*position)
     repeated = F.coalesce(F.min(content).over(same_position) != F.max(content).over(same_position), F.lit(False))
-    screened = changes.select(*position, "_topic", "_partition", "_offset",
-                              F.when(F.col(ERROR).isNotNull(), F.col(ERROR))
-                              .when(repeated, F.lit("repeated source position with different content")).alias(ERROR))
+    selected = (*position, F.col("_topic"), F.col("_partition"), F.col("_offset"),
+                F.when(F.col(ERROR).isNotNull(), F.col(ERROR))
+                .when(repeated, F.lit("repeated source position with different content")).alias(ERROR))
     refused = F.col(ERROR).isNotNull()
     letters = F.collect_list(F.when(refused, F.struct("_topic", "_partition", "_offset", ERROR)))
-    row = screened.agg(letters.alias("refused"), *extent_aggregates(screened, table.keys, ~refused)).first()
-    return ([DeadLetter(r["_topic"], r["_partition"], r["_offset"], table.name, r[ERROR]) for r in row["refused"]],
-            extent_of(row, screened.schema[table.keys[0]].dataType))
+    return selected, (letters.alias("refused"), *extent_aggregates(list(keys), first, ~refused))
 
 
 def _first_line(error: Exception) -> str:

@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 from sync.cdc.columns import precedes
 from sync.cdc.ordering import Position, position_columns
 from sync.cdc.types import ColumnType, quoted
+from sync.streaming.spark import expressions
 
 SOURCE_STRUCT = ("struct<sequence: string, lsn: bigint, txId: bigint, ts_us: bigint, "
                  "snapshot: string, schema: string, table: string>")
@@ -130,16 +131,26 @@ def decode_changes(records: DataFrame, columns: list[ColumnType], before: bool =
     after some of the records (sync/cdc/columns.py `earlier_names`), so each record's
     value is read under the name it was written with.
     """
-    earlier = earlier or {}
+    renames = tuple((name, tuple(names)) for name, names in sorted((earlier or {}).items()))
+    envelope, decoded = _decoding(tuple(columns), before, renames)
+    parsed = (records.where(F.col("value").isNotNull())
+              .select(F.from_json(F.col("value").cast("string"), envelope).alias("e"),
+                      "topic", "partition", "offset"))
+    return parsed.select(*decoded)
+
+
+@expressions
+def _decoding(columns: tuple[ColumnType, ...], before: bool,
+              renames: tuple[tuple[str, tuple[tuple[Position, str | None], ...]], ...]) -> tuple[str, tuple[Column, ...]]:
+    """decode_changes' envelope (its parse schema) and output columns, which depend on the
+    table's columns alone."""
+    columns, earlier = list(columns), dict(renames)
     # Parsed too: each older name, as its column's type (a current column's name is parsed as that column).
     older = {name: replace(c, name=name, source_name=None)
              for c in columns for _, name in earlier.get(c.name, []) if name is not None}
     row = row_struct(columns + [c for name, c in older.items() if name not in {c.field for c in columns}])
     envelope = (f"struct<payload: struct<before: {row}, after: {row}, source: {SOURCE_STRUCT}, "
                 f"op: string>>")
-    parsed = (records.where(F.col("value").isNotNull())
-              .select(F.from_json(F.col("value").cast("string"), envelope).alias("e"),
-                      "topic", "partition", "offset"))
     image = F.coalesce(F.col("e.payload.after"), F.col("e.payload.before"))
     commit_lsn, lsn = position_columns(F.col("e.payload.source.sequence"))
 
@@ -172,7 +183,7 @@ def decode_changes(records: DataFrame, columns: list[ColumnType], before: bool =
         F.when(op.isin("c", "u", "r") & F.col("e.payload.after").isNull(), F.lit("change without an after image")),
         F.when((op == "d") & F.col("e.payload.before").isNull(), F.lit("delete without a before image")),
         *failed)
-    return parsed.select(
+    return envelope, (
         *values,
         commit_lsn.alias("_commit_lsn"),
         lsn.alias("_lsn"),

@@ -44,6 +44,7 @@ from sync.cdc.decode import PROVENANCE, UNCHANGED
 from sync.cdc.ordering import Position, later, newer_than, newer_than_literal
 from sync.cdc.types import columns, quoted
 from sync.lake import LakePath
+from sync.streaming.spark import expressions
 
 DELETION_VECTORS = "delta.enableDeletionVectors"
 TABLE_PROPERTIES = {
@@ -57,8 +58,15 @@ TABLE_PROPERTIES = {
 
 def latest_per_key(changes: DataFrame, keys: list[str]) -> DataFrame:
     """One change per key: the one with the highest (commit LSN, change LSN, offset)."""
+    aggregates, selected = _latest_per_key(tuple(keys), tuple(changes.columns))
+    return changes.groupBy(*columns(keys)).agg(*aggregates).select(*selected)
+
+
+@expressions
+def _latest_per_key(keys: tuple[str, ...], names: tuple[str, ...]) -> tuple[tuple[Column, ...], tuple[Column, ...]]:
+    """latest_per_key's aggregates and output columns for a table's keys and columns."""
     order = F.struct("_commit_lsn", "_lsn", "_offset")
-    data = [c for c in changes.columns if c not in keys and c not in PROVENANCE and c != UNCHANGED]
+    data = [c for c in names if c not in keys and c not in PROVENANCE and c != UNCHANGED]
     aggregates = [F.max_by(F.struct(*PROVENANCE), order).alias("_lakesync_latest")]
     for column in data:
         # max_by skips rows whose ordering is null: only changes that carried the value.
@@ -66,9 +74,8 @@ def latest_per_key(changes: DataFrame, keys: list[str]) -> DataFrame:
         aggregates.append(F.max_by(F.col(quoted(column)), F.when(carried, order)).alias(column))
         aggregates.append(F.max(F.when(carried, F.lit(True))).alias(f"_lakesync_carried_{column}"))
     unchanged = F.array_compact(F.array(*[F.when(F.col(quoted(f"_lakesync_carried_{c}")).isNull(), F.lit(c)) for c in data]))
-    latest = changes.groupBy(*columns(keys)).agg(*aggregates)
-    return latest.select(*columns(keys + data), *[F.col(f"_lakesync_latest.{c}").alias(c) for c in PROVENANCE],
-                         unchanged.alias(UNCHANGED), F.current_timestamp().alias("_applied_at"))
+    return tuple(aggregates), (*columns(list(keys) + data), *[F.col(f"_lakesync_latest.{c}").alias(c) for c in PROVENANCE],
+                               unchanged.alias(UNCHANGED), F.current_timestamp().alias("_applied_at"))
 
 
 def ensure_table(spark: SparkSession, path: str, schema_ddl: str,
@@ -173,10 +180,10 @@ class Extent:
     newest: Position | None
 
 
-def extent_aggregates(changes: DataFrame, keys: list[str], counted: Column) -> list[Column]:
-    """The aggregates over `changes` whose row `extent_of` reads: what the rows where
-    `counted` holds span. Aggregated with others in one job (MirrorBatch's screening)."""
-    first = changes.schema[keys[0]].dataType
+def extent_aggregates(keys: list[str], first: T.DataType, counted: Column) -> list[Column]:
+    """The aggregates over a table's changes whose row `extent_of` reads: what the rows
+    where `counted` holds span; `first`: the first key column's type. Aggregated with
+    others in one job (MirrorBatch's screening)."""
     column = F.when(counted, F.col(quoted(keys[0])))
     position = F.when(counted, F.struct("_commit_lsn", "_lsn"))
     aggregates = [F.min(position).alias("oldest"), F.max(position).alias("newest")]
@@ -226,11 +233,25 @@ def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
     for the batch's commit to execute (sync/delta/commit.py `merge`); `truncated_at` is the
     position of the batch's latest truncate of this table, if it has one; `ranges`, from
     `Extent`, cover every key of `latest` (the target files outside them are skipped)."""
-    on = F.expr(" AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys))
+    on, newer, update, insert = _merge_clauses(tuple(keys), tuple(latest.columns))
     if ranges is not None and truncated_at is None:
         on = on & in_ranges(F.col(f"t.{quoted(keys[0])}"), ranges)
-    newer = newer_than("s", "t")
-    written = [c for c in latest.columns if c != UNCHANGED]
+    merge = (target.alias("t").merge(latest.alias("s"), on)
+             .whenMatchedDelete(condition=f"s._op = 'd' AND {newer}")
+             .whenMatchedUpdate(condition=f"s._op != 'd' AND {newer}", set=update)
+             .whenNotMatchedInsert(condition="s._op != 'd'", values=insert))
+    if truncated_at is not None:
+        merge = merge.whenNotMatchedBySourceDelete(
+            condition=f"NOT {newer_than_literal(truncated_at, side='t')}")
+    return merge
+
+
+@expressions
+def _merge_clauses(keys: tuple[str, ...], names: tuple[str, ...]) -> tuple[Column, str, dict, dict]:
+    """merge_changes' key condition, newer-than condition, update and insert for a table's
+    keys and the columns of its latest changes."""
+    on = F.expr(" AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys))
+    written = [c for c in names if c != UNCHANGED]
     data = set(written) - set(keys) - set(PROVENANCE) - {"_applied_at"}
 
     def new(c: str):
@@ -239,14 +260,7 @@ def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
     def new_unless_unchanged(c: str):  # an unchanged TOASTed value: the target keeps its own
         return F.when(F.array_contains(F.col(f"s.{UNCHANGED}"), c), F.col(f"t.{quoted(c)}")).otherwise(new(c))
     update = {quoted(c): new_unless_unchanged(c) if c in data else new(c) for c in written}
-    merge = (target.alias("t").merge(latest.alias("s"), on)
-             .whenMatchedDelete(condition=f"s._op = 'd' AND {newer}")
-             .whenMatchedUpdate(condition=f"s._op != 'd' AND {newer}", set=update)
-             .whenNotMatchedInsert(condition="s._op != 'd'", values={quoted(c): new(c) for c in written}))
-    if truncated_at is not None:
-        merge = merge.whenNotMatchedBySourceDelete(
-            condition=f"NOT {newer_than_literal(truncated_at, side='t')}")
-    return merge
+    return on, newer_than("s", "t"), update, {quoted(c): new(c) for c in written}
 
 
 # A MERGE without deletion vectors rewrites each file it touches whole: cheaper while the

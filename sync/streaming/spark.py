@@ -22,7 +22,8 @@ import sys
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from functools import lru_cache
+from typing import TYPE_CHECKING, Callable, Iterable, TypeVar
 
 from sync import lake
 from sync.config import Settings
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 _VERSION = re.compile(r"-\d[\w.\-]*\.jar$")
+T = TypeVar("T")
 
 
 def artifact(jar: Path) -> str:
@@ -235,6 +237,16 @@ def archive_classes(settings: Settings) -> Path:
         jvm.wait()         # wait for it, so no later JVM maps a half-written one
         shutil.rmtree(work, ignore_errors=True)
     return archive
+
+
+def expressions(build: Callable[..., T]) -> Callable[..., T]:
+    """`build`, which makes Spark columns (expressions) from hashable arguments such as a
+    table's keys and columns, computed once per distinct arguments and kept: each PySpark
+    function is a call into the JVM, and each proxy it leaves another when it is
+    collected, some 2,000 per table in every batch when a batch's plans were built anew.
+    A column is an unresolved expression, tied to no DataFrame or session, so one made
+    for an earlier batch serves the next. What is returned is shared: not to be changed."""
+    return lru_cache(maxsize=1024)(build)
 
 
 def one_of(column: str, values: Iterable[str | int]) -> Column:
