@@ -233,7 +233,8 @@ def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
     for the batch's commit to execute (sync/delta/commit.py `merge`); `truncated_at` is the
     position of the batch's latest truncate of this table, if it has one; `ranges`, from
     `Extent`, cover every key of `latest` (the target files outside them are skipped)."""
-    on, newer, update, insert = _merge_clauses(tuple(keys), tuple(latest.columns))
+    on, update, insert = _merge_clauses(tuple(keys), tuple(latest.columns))
+    newer = newer_than("s", "t")
     if ranges is not None and truncated_at is None:
         on = on & in_ranges(F.col(f"t.{quoted(keys[0])}"), ranges)
     merge = (target.alias("t").merge(latest.alias("s"), on)
@@ -247,9 +248,9 @@ def merge_changes(target: DeltaTable, latest: DataFrame, keys: list[str],
 
 
 @expressions
-def _merge_clauses(keys: tuple[str, ...], names: tuple[str, ...]) -> tuple[Column, str, dict, dict]:
-    """merge_changes' key condition, newer-than condition, update and insert for a table's
-    keys and the columns of its latest changes."""
+def _merge_clauses(keys: tuple[str, ...], names: tuple[str, ...]) -> tuple[Column, dict, dict]:
+    """merge_changes' key condition, update and insert for a table's keys and the columns
+    of its latest changes."""
     on = F.expr(" AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys))
     written = [c for c in names if c != UNCHANGED]
     data = set(written) - set(keys) - set(PROVENANCE) - {"_applied_at"}
@@ -260,7 +261,7 @@ def _merge_clauses(keys: tuple[str, ...], names: tuple[str, ...]) -> tuple[Colum
     def new_unless_unchanged(c: str):  # an unchanged TOASTed value: the target keeps its own
         return F.when(F.array_contains(F.col(f"s.{UNCHANGED}"), c), F.col(f"t.{quoted(c)}")).otherwise(new(c))
     update = {quoted(c): new_unless_unchanged(c) if c in data else new(c) for c in written}
-    return on, newer_than("s", "t"), update, {quoted(c): new(c) for c in written}
+    return on, update, {quoted(c): new(c) for c in written}
 
 
 # A MERGE without deletion vectors rewrites each file it touches whole: cheaper while the

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 _VERSION = re.compile(r"-\d[\w.\-]*\.jar$")
-T = TypeVar("T")
+Built = TypeVar("Built")
 
 
 def artifact(jar: Path) -> str:
@@ -239,7 +239,7 @@ def archive_classes(settings: Settings) -> Path:
     return archive
 
 
-def expressions(build: Callable[..., T]) -> Callable[..., T]:
+def expressions(build: Callable[..., Built]) -> Callable[..., Built]:
     """`build`, which makes Spark columns (expressions) from hashable arguments such as a
     table's keys and columns, computed once per distinct arguments and kept: each PySpark
     function is a call into the JVM, and each proxy it leaves another when it is
