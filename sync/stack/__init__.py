@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -62,11 +63,16 @@ def up(settings: Settings, say: Callable[[str], None] = print) -> float:
     if settings.spark_workers:
         beside.append((f"spark ({settings.spark_workers} workers)", SparkCluster(settings).start))
 
+    # One line at a time: print writes a line and its newline apart, so two threads'
+    # lines could interleave (a line holding two, then an empty one).
+    saying = threading.Lock()
+
     def run(steps: list[tuple[str, Callable[[], object]]]) -> None:
         for name, start in steps:
             t0 = time.monotonic()
             start()
-            say(f"  {name:<20} ready ({time.monotonic() - t0:.1f}s)")
+            with saying:
+                say(f"  {name:<20} ready ({time.monotonic() - t0:.1f}s)")
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         side = pool.submit(run, beside)
