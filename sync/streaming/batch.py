@@ -40,7 +40,9 @@ from sync.delta.commit import BatchCommit
 from sync.delta.fencing import Fence
 from sync.errors import ServiceUnavailable
 from sync.stack.capture import NEXT_BATCH_ROW, touch_heartbeat
+from sync.streaming.offsets import BatchPartitions
 from sync.streaming.progress import Outcome, Progress, Steps
+from sync.streaming.spark import CODE_FACTORY, GENERATED, INTERPRETED
 
 Result = TypeVar("Result")
 
@@ -53,11 +55,16 @@ ASK_EVERY_SECONDS = 5.0
 class Batch(ABC):
     """One projection's foreachBatch function (see the module docstring)."""
 
+    # The batch size (records) from which its projections' code is generated (`code_for`);
+    # None: always interpreted.
+    generated_code_from: int | None = None
+
     def __init__(self, projection: str, settings: Settings, fence: Fence):
         self.projection, self.settings, self.fence = projection, settings, fence
         self.progress = Progress(settings, projection)
         self.opened = False
         self._worker_sessions: queue.SimpleQueue[SparkSession] | None = None
+        self._code_factory: str | None = None  # `code_for`'s, set on every worker session
         self._asked_at = float("-inf")  # step 5's last touch (time.monotonic)
         self._ask_later: threading.Timer | None = None
 
@@ -100,6 +107,18 @@ class Batch(ABC):
             print(f"{self.projection}: batch {batch_id} held whole transactions, and could not ask for "
                   f"the batch after it ({error})", file=sys.stderr)
 
+    def code_for(self, batch: DataFrame, partitions: BatchPartitions) -> None:
+        """Generated projections for a Kafka batch of `generated_code_from` records or more,
+        interpreted for a smaller one (sync/streaming/spark.py CODE_FACTORY), on the batch's
+        session and on those `concurrently` hands out. Its size from the offsets it spans;
+        counted where the batch function was called outside a query (the bench, tests)."""
+        records = partitions.records()
+        if records is None:
+            records = batch.count()
+        large = self.generated_code_from is not None and records >= self.generated_code_from
+        self._code_factory = GENERATED if large else INTERPRETED
+        batch.sparkSession.conf.set(CODE_FACTORY, self._code_factory)
+
     def concurrently(self, commit: BatchCommit, tasks: list[Callable[[BatchCommit], Result]]) -> list[Result]:
         """Run the tasks, at most `apply_threads` at once, each given the batch's commit on
         a session of its own (a new session of the query's: same Spark context and Delta
@@ -116,6 +135,8 @@ class Batch(ABC):
 
         def run(task: Callable[[BatchCommit], Result]) -> Result:
             session = sessions.get()
+            if self._code_factory is not None:
+                session.conf.set(CODE_FACTORY, self._code_factory)
             try:
                 return task(commit.fork(session))
             finally:

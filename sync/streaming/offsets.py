@@ -86,6 +86,18 @@ class BatchPartitions:
     def of(self, topic: str) -> list[int]:
         return sorted(p for t, p in self._batch_ends() if t == topic) or [0]
 
+    def records(self) -> int | None:
+        """The offsets the batch spans, over every partition: from where the batch before it
+        ended (its offsets log, kept for the last 100 batches), or from 0 for a partition it
+        did not read (a first batch; a topic's offsets start at 0 until retention deletes
+        some). Records compacted away count: an estimate of the batch's size, no Spark job.
+        None without the batch's offsets log (a batch function called outside a query)."""
+        if not (self.checkpoint / "offsets" / str(self.batch)).is_file():
+            return None
+        before = self.checkpoint / "offsets" / str(self.batch - 1)
+        starts = batch_ends(self.checkpoint, self.batch - 1) if self.batch > 0 and before.is_file() else {}
+        return sum(max(0, end - starts.get(part, 0)) for part, end in self._batch_ends().items())
+
     def drained(self, topic: str, partition: int) -> bool:
         if topic not in self._kafka_ends:
             self._kafka_ends[topic] = end_offsets(self.settings, re.escape(topic))

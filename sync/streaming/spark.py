@@ -72,6 +72,21 @@ _QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 JIT_OPTIONS = "-XX:CompileThresholdScaling=4"
 
 
+CODE_FACTORY = "spark.sql.codegen.factoryMode"
+# Projections made per task (a shuffle's partition key, a stage not fused into one
+# generated function, Delta's replay of its log over the nested schema of its actions):
+# generated, Spark writes and formats each one's Java source again in every task before it
+# finds the compiled class in its cache, a fixed cost per task that is most of a small
+# batch's; interpreted, each row costs more. So a session starts INTERPRETED, and a batch
+# function switches its sessions to GENERATED for a large batch (sync/streaming/batch.py
+# `code_for`; where the two cross, per projection, in docs/benchmark.md). Spark documents
+# the setting as internal, for its tests; 4.2 reads it everywhere
+# (CodeGeneratorWithInterpretedFallback), in a task from its job's SQL settings, so a
+# session may change it between batches. Whole-stage code generation is unchanged.
+INTERPRETED = "NO_CODEGEN"
+GENERATED = "FALLBACK"  # (generated, interpreted only where it does not compile)
+
+
 def session(settings: Settings, app_name: str = "lakesync", java_options: str = "", console: bool = False):
     """A Spark session for the runner, verify and the tests (one per process). The driver
     JVM maps the class archive, unless `java_options` says otherwise (`archive_classes`).
@@ -124,15 +139,7 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
         # cycles; with 2 MB pages 0.6-0.8 GB and ~17 (docs/benchmark.md). A larger record
         # still gets a page of its own size.
         .config("spark.buffer.pageSize", "2m")
-        # Projections made per task (a shuffle's partition key, a stage not fused into one
-        # generated function, Delta's replay of its log over the nested schema of its
-        # actions) interpreted, not generated: Spark writes and formats each one's Java
-        # source again in every task before it finds the compiled class in its cache: a
-        # small batch spends about a sixth less CPU without it, a warm large one runs as
-        # fast, a cold process' first large batch about 10 s slower (docs/benchmark.md).
-        # Spark documents the setting as internal, for its tests; 4.2 reads it everywhere
-        # (CodeGeneratorWithInterpretedFallback). Whole-stage code generation is unchanged.
-        .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
+        .config(CODE_FACTORY, INTERPRETED)  # (see CODE_FACTORY)
         # Delta's own settings: its log state is small here; 50 partitions (the default)
         # cost seconds per commit on two cores.
         .config("spark.databricks.delta.snapshotPartitions", "2")
