@@ -92,11 +92,12 @@ class BatchPartitions:
         did not read (a first batch; a topic's offsets start at 0 until retention deletes
         some). Records compacted away count: an estimate of the batch's size, no Spark job.
         None without the batch's offsets log (a batch function called outside a query)."""
-        if not (self.checkpoint / "offsets" / str(self.batch)).is_file():
+        ends = self._batch_ends()
+        if not ends:
             return None
         before = self.checkpoint / "offsets" / str(self.batch - 1)
         starts = batch_ends(self.checkpoint, self.batch - 1) if self.batch > 0 and before.is_file() else {}
-        return sum(max(0, end - starts.get(part, 0)) for part, end in self._batch_ends().items())
+        return sum(max(0, end - starts.get(part, 0)) for part, end in ends.items())
 
     def drained(self, topic: str, partition: int) -> bool:
         if topic not in self._kafka_ends:
