@@ -141,8 +141,8 @@ def as_changelog(records: DataFrame, *kept: str) -> DataFrame:
 class ChangelogBatch(Batch):
     """Steps 1-2 of Apply (the module docstring)."""
 
-    # Where generated code overtakes interpreted (docs/benchmark.md): 5,000 records 15%
-    # slower, 10,000 10% faster, 50,000 37% faster.
+    # Where generated code overtakes interpreted (docs/benchmark.md): a batch of 5,000
+    # records 15% slower generated, of 10,000 10% faster, of 50,000 37% faster.
     generated_code_from = 8_000
 
     def __init__(self, settings: Settings, fence: Fence,

@@ -240,8 +240,9 @@ class MirrorBatch(Batch):
     or changes nothing.
     """
 
-    # Where generated code overtakes interpreted (docs/benchmark.md): 1,000 changes into
-    # 100k rows even, 5,000 12% faster, 50,000 into 1M rows 27% faster.
+    # Where generated code overtakes interpreted (docs/benchmark.md): a batch of 20 changes
+    # 25% slower generated, of 1,000 into 100k rows even, of 5,000 12% faster, of 50,000
+    # into 1M rows 27% faster.
     generated_code_from = 2_000
 
     def __init__(self, settings: Settings, fence: Fence,
