@@ -6,9 +6,11 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 JARS   := build/jvm/.resolved
-# Every class a Spark session loads, recorded once for the JVM's class-data sharing
-# (sync/streaming/spark.py `archive_classes`): each later Spark process starts seconds sooner.
+# Every class a Spark session loads, and a Kafka broker and a Connect worker as they start,
+# recorded once for the JVM's class-data sharing (`archive_classes` in
+# sync/streaming/spark.py and sync/stack): each later Spark process, broker and worker starts sooner.
 CLASSES := build/jvm/spark-classes.jsa
+STACK_CLASSES := build/jvm/kafka-classes.jsa
 
 # docker-compose.yml's loader (compose-go, as Docker Compose v2 loads it), for tests/unit/test_compose.py.
 COMPOSECHECK := build/composecheck
@@ -57,7 +59,7 @@ $(BIN)/lakesync: requirements.txt pyproject.toml
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
-jars: $(JARS) $(CLASSES)
+jars: $(JARS) $(CLASSES) $(STACK_CLASSES)
 
 # Go from the machine, compose-go and its dependencies from the Go module proxy (pinned by go.sum).
 $(COMPOSECHECK): tests/compose/main.go tests/compose/go.mod tests/compose/go.sum
@@ -74,6 +76,9 @@ $(JARS): jvm/pom.xml jvm/kafka/pom.xml jvm/spark/pom.xml jvm/smt/pom.xml jvm/had
 
 $(CLASSES): $(JARS) $(BIN)/lakesync
 	$(BIN)/python -m sync.streaming.spark
+
+$(STACK_CLASSES): $(JARS) $(BIN)/lakesync
+	$(BIN)/python -c 'from sync.config import load; from sync.stack import archive_classes; print(*archive_classes(load()), sep="\n")'
 
 up: venv jars
 	$(BIN)/lakesync up

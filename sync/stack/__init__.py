@@ -9,20 +9,26 @@ The stack knows nothing of what runs on it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
+import shutil
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Callable
 
 from sync.config import ADMIN_ROLE, ROLES, Settings, read_secrets
-from sync.stack import migrate
+from sync.errors import StackError
+from sync.stack import jvm, migrate
 from sync.stack.background import reap_orphaned_jvm, stop_background
 from sync.stack.connect import Connect
 from sync.stack.kafka import Kafka
 from sync.stack.opensearch import OpenSearch
 from sync.stack.postgres import Postgres
+from sync.stack.process import port_open
 from sync.stack.spark_cluster import SparkCluster
 
 
@@ -100,3 +106,33 @@ def down(settings: Settings, say: Callable[[str], None] = print) -> None:
                           ("opensearch", OpenSearch(settings.home, settings.jars, settings.search_port))):
         service.stop()
         say(f"  {name:<20} stopped")
+
+
+# A broker's port, its controller's after it and a Connect worker's after that: below the
+# ephemeral range, apart from the stacks' own (sync/config.py, tests/conftest.py, Makefile).
+ARCHIVE_PORTS = range(24092, 24992, 3)
+
+
+def archive_classes(settings: Settings) -> list[Path]:
+    """Write the Kafka broker's and the Connect worker's class archives (`make jars`,
+    jvm.class_archive): both started on free ports in a folder of their own and stopped
+    once ready; each JVM records every class it loaded as it exits."""
+    archives = [jvm.class_archive(settings.jars, service) for service in (Kafka.name, Connect.name)]
+    for archive in archives:
+        archive.unlink(missing_ok=True)
+    port = next((p for p in ARCHIVE_PORTS if not any(port_open("127.0.0.1", p + n) for n in range(3))), None)
+    if port is None:
+        raise StackError(f"no three free ports in {ARCHIVE_PORTS} to start Kafka and Connect on for their "
+                         "class archives")
+    work = Path(tempfile.mkdtemp(prefix="lakesync-classes-"))
+    apart = dataclasses.replace(settings, home=work, kafka_bootstrap=f"127.0.0.1:{port}",
+                                connect_url=f"http://127.0.0.1:{port + 2}")
+    broker, worker = Kafka(apart), Connect(apart)
+    try:
+        broker.start(f"-XX:ArchiveClassesAtExit={archives[0]}", *jvm.QUIET_CDS.split())
+        worker.start_worker(f"-XX:ArchiveClassesAtExit={archives[1]}", *jvm.QUIET_CDS.split())
+    finally:  # SIGTERM: each JVM writes its archive as it exits, and stop waits for that
+        worker.stop()
+        broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return archives

@@ -162,18 +162,23 @@ class Connect(jvm.JavaService):
         ])
 
     def start(self) -> None:
-        if not self.running():
-            s = self.settings
-            require_free("127.0.0.1", s.connect_port, "Kafka Connect")
-            java = jvm.java()
-            if not (s.jars / "plugins" / "debezium-connector-postgres").is_dir():
-                raise StackError(f"the Debezium plugin is missing in {s.jars / 'plugins'}; run `make jars`")
-            self.dir.mkdir(parents=True, exist_ok=True)
-            config = self.dir / "connect-distributed.properties"
-            config.write_text(self.properties())
-            self.launch(java, "org.apache.kafka.connect.cli.ConnectDistributed", config)
-            wait_until(lambda: self.alive() or self._answers(), 120, "Kafka Connect", self.log)
+        self.start_worker()
         self.register()
+
+    def start_worker(self, *java_options: str) -> None:
+        """The worker, unless it runs, until its REST API answers."""
+        if self.running():
+            return
+        s = self.settings
+        require_free("127.0.0.1", s.connect_port, "Kafka Connect")
+        java = jvm.java()
+        if not (s.jars / "plugins" / "debezium-connector-postgres").is_dir():
+            raise StackError(f"the Debezium plugin is missing in {s.jars / 'plugins'}; run `make jars`")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        config = self.dir / "connect-distributed.properties"
+        config.write_text(self.properties())
+        self.launch(java, "org.apache.kafka.connect.cli.ConnectDistributed", config, *java_options)
+        wait_until(lambda: self.alive() or self._answers(), 120, "Kafka Connect", self.log)
 
     def _answers(self) -> bool:
         try:

@@ -62,7 +62,7 @@ class Kafka(jvm.JavaService):
             "",
         ])
 
-    def start(self) -> None:
+    def start(self, *java_options: str) -> None:
         if self.running():
             return
         s = self.settings
@@ -80,5 +80,5 @@ class Kafka(jvm.JavaService):
                                                  "-c", str(config)), capture_output=True, text=True)
             if result.returncode != 0:
                 raise StackError(f"formatting Kafka's log directory failed: {result.stdout}{result.stderr}")
-        self.launch(java, "kafka.Kafka", config)
+        self.launch(java, "kafka.Kafka", config, *java_options)
         wait_until(lambda: self.alive() or kafka_ready(s.kafka_bootstrap), 90, "Kafka", self.log)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, TypeVar
 from sync import lake
 from sync.config import Settings
 from sync.errors import StackError
+from sync.stack.jvm import QUIET_CDS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -61,8 +62,6 @@ def class_archive(settings: Settings) -> Path:
     return settings.jars / "spark-classes.jsa"
 
 
-# Class-data sharing quiet: a mismatched archive is no reason to print to the commands' output.
-_QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 # The JIT compiles a method after 4 times the calls and loops it would by default. A Spark
 # process runs so much of Spark's, Catalyst's and Delta's code a few times each that, in
 # small batches, the compiler threads took 56% of the JVM's CPU over its first 2.5
@@ -99,7 +98,7 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     archive = class_archive(settings)
     if not java_options and archive.exists():
-        java_options = f"-XX:SharedArchiveFile={archive} {_QUIET_CDS}"
+        java_options = f"-XX:SharedArchiveFile={archive} {QUIET_CDS}"
     builder = (
         SparkSession.builder.appName(app_name)
         .master(settings.spark_master)
@@ -225,7 +224,7 @@ def archive_classes(settings: Settings) -> Path:
     archive.unlink(missing_ok=True)
     work = Path(tempfile.mkdtemp(prefix="lakesync-classes-"))
     spark = session(replace(settings, home=work), "lakesync-classes",
-                    f"-XX:ArchiveClassesAtExit={archive} {_QUIET_CDS}")
+                    f"-XX:ArchiveClassesAtExit={archive} {QUIET_CDS}")
     try:
         table, copy = str(work / "table"), str(work / "copy")
         (spark.readStream.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")

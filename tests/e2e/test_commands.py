@@ -5,7 +5,8 @@ import socket
 
 import pytest
 
-from sync.stack.process import wait_until
+from sync.stack import Connect, Kafka, jvm
+from sync.stack.process import read_pid, wait_until
 from tests.e2e.conftest import lakesync
 
 pytestmark = pytest.mark.e2e
@@ -15,6 +16,15 @@ def test_up_is_idempotent_and_reuses_what_runs(stack):
     result = lakesync("up", check=True)
     ready = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
     assert "ready (0.0s)" in ready["postgres"]  # it was already running
+
+
+def test_the_broker_and_the_worker_map_the_class_archives_make_jars_wrote(stack):
+    # (A JVM ignores an archive made on another class path, and says so nowhere: QUIET_CDS.)
+    for service in (Kafka(stack), Connect(stack)):
+        archive = jvm.class_archive(stack.jars, service.name)
+        assert archive.is_file(), f"{archive} is missing: `make jars` writes it"
+        mapped = open(f"/proc/{read_pid(service.pidfile)}/maps").read()
+        assert str(archive) in mapped, f"{service.name} runs without {archive}"
 
 
 def test_status_json_has_the_contract_keys(stack, app_db, synced):
