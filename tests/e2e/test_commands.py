@@ -2,9 +2,11 @@
 
 import json
 import socket
+import struct
 
 import pytest
 
+from sync.config import TOPIC_PREFIX
 from sync.stack import Connect, Kafka, jvm
 from sync.stack.process import read_pid, wait_until
 from tests.e2e.conftest import lakesync
@@ -25,6 +27,31 @@ def test_the_broker_and_the_worker_map_the_class_archives_make_jars_wrote(stack)
         assert archive.is_file(), f"{archive} is missing: `make jars` writes it"
         mapped = open(f"/proc/{read_pid(service.pidfile)}/maps").read()
         assert str(archive) in mapped, f"{service.name} runs without {archive}"
+
+
+def record_batches(segment):
+    """(compression codec, control batch) of each whole record batch of a Kafka log
+    segment (format v2: attributes are the int16 after base offset, length, leader epoch,
+    magic and CRC)."""
+    data = segment.read_bytes()
+    position = 0
+    while position + 23 <= len(data):
+        length, = struct.unpack_from(">i", data, position + 8)
+        if length <= 0 or position + 12 + length > len(data):
+            break  # (a batch the broker is still writing)
+        attributes, = struct.unpack_from(">h", data, position + 21)
+        yield attributes & 0x07, bool(attributes & 0x20)
+        position += 12 + length
+
+
+def test_the_connector_writes_lz4_compressed_batches(stack):
+    # The broker's own files, not the connector's config: the override must reach the
+    # exactly-once task's producer (connectors/postgres-source.json).
+    LZ4 = 3
+    folders = [f for f in (Kafka(stack).dir / "data").iterdir() if f.name.startswith(f"{TOPIC_PREFIX}.")]
+    codecs = {codec for folder in folders for segment in folder.glob("*.log")
+              for codec, control in record_batches(segment) if not control}
+    assert folders and codecs == {LZ4}, (sorted(f.name for f in folders), codecs)
 
 
 def test_status_json_has_the_contract_keys(stack, app_db, synced):
