@@ -103,7 +103,8 @@ def test_a_redelivered_event_makes_no_second_entry(stack, bank_open, synced):
     record = consumer.poll(30)
     consumer.close()
     assert record is not None and record.error() is None
-    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap})
+    # Compressed as the connector's producer writes (test_commands.py reads every batch).
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "compression.type": "lz4"})
     producer.produce(record.topic(), key=record.key(), value=record.value(), headers=record.headers())
     assert producer.flush(30) == 0
     synced("ledger", "ledger.balances")
