@@ -77,9 +77,10 @@ def cmd_verify(settings, args) -> int:
     if args.json:
         print(json.dumps({"ok": ok, "projections": [r.as_json() for r in reports]}, indent=2, default=str))
     else:
-        print(f"{'projection':<28} {'kind':<8} {'postgres':>9} {'delta':>9} {'differences':>12}")
+        width = max([28, *(len(r.name) for r in reports)])  # (a user's table names can be long)
+        print(f"{'projection':<{width}} {'kind':<8} {'postgres':>9} {'delta':>9} {'differences':>12}")
         for r in reports:
-            print(f"{r.name:<28} {r.kind:<8} {r.source_rows:>9} {r.target_rows:>9} {r.differences:>12}")
+            print(f"{r.name:<{width}} {r.kind:<8} {r.source_rows:>9} {r.target_rows:>9} {r.differences:>12}")
             for s in r.sample:  # (--json keeps each value whole)
                 shown = {side: json.dumps(readable(s[side]), default=str, ensure_ascii=False)
                          for side in ("key", "source", "target")}
@@ -144,9 +145,10 @@ def cmd_rebuild(settings, args) -> int:
     comparisons = rebuild.rebuild(settings, args.names, verify=args.verify, swap=args.swap)
     if not args.verify:
         return 0
-    print(f"{'table':<28} {'live':>9} {'rebuilt':>9} {'differences':>12}")
+    width = max([28, *(len(c.name) for c in comparisons)])
+    print(f"{'table':<{width}} {'live':>9} {'rebuilt':>9} {'differences':>12}")
     for c in comparisons:
-        print(f"{c.name:<28} {c.live_rows:>9} {c.rebuilt_rows:>9} {c.differences:>12}")
+        print(f"{c.name:<{width}} {c.live_rows:>9} {c.rebuilt_rows:>9} {c.differences:>12}")
         for key in c.sample:
             print(f"    differs: {json.dumps(readable(key), default=str, ensure_ascii=False)}")
     same = not any(c.differences for c in comparisons)

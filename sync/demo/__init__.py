@@ -235,9 +235,10 @@ def main(settings: Settings, external: bool = False) -> int:
     print(f"    fresh after {took:.1f}s")
     print("5/6 comparing every projection with Postgres")
     reports = verify.verify(settings)
-    print(f"\n{'projection':<24} {'postgres rows':>14} {'delta rows':>11} {'differences':>12}")
+    width = max([len("projection"), *(len(r.name) for r in reports)])
+    print(f"\n{'projection':<{width}} {'postgres rows':>14} {'delta rows':>11} {'differences':>12}")
     for r in reports:
-        print(f"{r.name:<24} {r.source_rows:>14} {r.target_rows:>11} {r.differences:>12}")
+        print(f"{r.name:<{width}} {r.source_rows:>14} {r.target_rows:>11} {r.differences:>12}")
     ok = all(r.differences == 0 for r in reports)
     print("\nverify: no difference" if ok else "\nverify: DIFFERENCES FOUND (see `lakesync verify`)")
     show_views(settings)
