@@ -8,6 +8,7 @@ import pytest
 
 from sync.config import TOPIC_PREFIX
 from sync.stack import Connect, Kafka, jvm
+from sync.stack.connect import render_connector
 from sync.stack.process import read_pid, wait_until
 from tests.e2e.conftest import lakesync
 
@@ -44,14 +45,16 @@ def record_batches(segment):
         position += 12 + length
 
 
-def test_the_connector_writes_lz4_compressed_batches(stack):
-    # The broker's own files, not the connector's config: the override must reach the
-    # exactly-once task's producer (connectors/postgres-source.json).
-    LZ4 = 3
+def test_the_connector_writes_the_compression_its_config_names(stack):
+    # The broker's own files: the override must reach the exactly-once task's producer
+    # (connectors/postgres-source.json).
+    configured = render_connector(stack)[1]["producer.override.compression.type"]
+    wanted = ["none", "gzip", "snappy", "lz4", "zstd"].index(configured)  # the batch attribute's numbers
+    assert wanted > 0, f"the connector writes uncompressed batches ({configured})"
     folders = [f for f in (Kafka(stack).dir / "data").iterdir() if f.name.startswith(f"{TOPIC_PREFIX}.")]
     codecs = {codec for folder in folders for segment in folder.glob("*.log")
               for codec, control in record_batches(segment) if not control}
-    assert folders and codecs == {LZ4}, (sorted(f.name for f in folders), codecs)
+    assert folders and codecs == {wanted}, (sorted(f.name for f in folders), codecs)
 
 
 def test_status_json_has_the_contract_keys(stack, app_db, synced):
