@@ -22,6 +22,7 @@ from sync.commands.verify import verify
 from sync.demo import bank
 from sync.demo import schema as demo_schema
 from sync.stack.background import start_background
+from sync.stack.connect import render_connector
 from sync.stack.process import read_pid, wait_until
 
 
@@ -45,6 +46,11 @@ def stack():
     start_background(settings)
     yield settings
     lakesync("down", check=True)
+
+
+def connector_compression(settings) -> str:
+    """The codec the connector's producer writes its batches with (connectors/postgres-source.json)."""
+    return render_connector(settings)[1]["producer.override.compression.type"]
 
 
 def open_bank_accounts(engine, customers: range, name: str) -> None:

@@ -8,9 +8,8 @@ import pytest
 
 from sync.config import TOPIC_PREFIX
 from sync.stack import Connect, Kafka, jvm
-from sync.stack.connect import render_connector
 from sync.stack.process import read_pid, wait_until
-from tests.e2e.conftest import lakesync
+from tests.e2e.conftest import connector_compression, lakesync
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +47,7 @@ def record_batches(segment):
 def test_the_connector_writes_the_compression_its_config_names(stack):
     # The broker's own files: the override must reach the exactly-once task's producer
     # (connectors/postgres-source.json).
-    configured = render_connector(stack)[1]["producer.override.compression.type"]
+    configured = connector_compression(stack)
     wanted = ["none", "gzip", "snappy", "lz4", "zstd"].index(configured)  # the batch attribute's numbers
     assert wanted > 0, f"the connector writes uncompressed batches ({configured})"
     folders = [f for f in (Kafka(stack).dir / "data").iterdir() if f.name.startswith(f"{TOPIC_PREFIX}.")]

@@ -20,8 +20,7 @@ from sync import config
 from sync.delta import fencing
 from sync.demo import bank, bank_clients
 from sync.outbox import topic
-from sync.stack.connect import render_connector
-from tests.e2e.conftest import lakesync, open_bank_accounts
+from tests.e2e.conftest import connector_compression, lakesync, open_bank_accounts
 
 pytestmark = pytest.mark.e2e
 
@@ -105,8 +104,7 @@ def test_a_redelivered_event_makes_no_second_entry(stack, bank_open, synced):
     consumer.close()
     assert record is not None and record.error() is None
     # Compressed as the connector's producer writes (test_commands.py reads every batch).
-    compression = render_connector(stack)[1]["producer.override.compression.type"]
-    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "compression.type": compression})
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "compression.type": connector_compression(stack)})
     producer.produce(record.topic(), key=record.key(), value=record.value(), headers=record.headers())
     assert producer.flush(30) == 0
     synced("ledger", "ledger.balances")
