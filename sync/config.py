@@ -267,6 +267,16 @@ class Settings:
         return self.home / "runner.pid"
 
     @property
+    def runner_swapfile(self) -> Path:
+        """`rebuild --swap`'s request to the running runner (sync/commands/runner.py `hand_over_swap`)."""
+        return self.home / "runner-swap.json"
+
+    @property
+    def runner_swappedfile(self) -> Path:
+        """The runner's answer to that request: what it did, or why it could not."""
+        return self.home / "runner-swapped.json"
+
+    @property
     def runner_jvm_pidfile(self) -> Path:
         """The runner's Spark JVM, which outlives a SIGKILLed runner for a moment."""
         return self.home / "runner-jvm.pid"

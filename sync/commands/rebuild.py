@@ -28,11 +28,12 @@ The steps, in order (for several projections, side by side in one Spark session)
           running, so that it has less to catch up after the swap (after --verify, step 2c
           brought it to where capture paused moments ago: in the rebuild test one more
           run found nothing and took 25 s, three queries started and stopped);
-       b. stop the live runner between batches, if one runs;
+       b. if a runner runs, hand c and d over to it (sync/commands/runner.py
+          `hand_over_swap`): it stops its queries between batches, and starts them again
+          after d, in the same warm process, from the new generations' checkpoints;
        c. point the catalog at the new generation: one atomic rename, after which every
           reader resolves the new tables (none ever sees a half-built one);
-       d. retire the old generation: its tables, checkpoint, progress, fencing epochs;
-       e. start the runner again if one ran: it goes on from the new checkpoint.
+       d. retire the old generation: its tables, checkpoint, progress, fencing epochs.
 """
 
 from __future__ import annotations
@@ -49,12 +50,12 @@ from projections.ledger import projection as ledger
 from sync import lake
 from sync.cdc.transactions import held_after
 from sync.commands import all_projections, freshness, projection_named
+from sync.commands.runner import hand_over_swap
 from sync.commands.snapshot import PUBLISHERS
 from sync.config import CONNECTOR_NAME, Settings
 from sync.delta import catalog, fencing, reader
 from sync.errors import LakesyncError
 from sync.projection import Projection, Target
-from sync.stack.background import start_background, stop_background
 from sync.stack.connect import rest, wait_for_state
 from sync.stack.process import read_pid
 from sync.streaming import offsets
@@ -92,7 +93,7 @@ def projection_of(settings: Settings, name: str) -> Projection:
 
 def rebuild(settings: Settings, names: list[str], verify: bool, swap: bool, say=print) -> list[Comparison]:
     """Rebuild the projections `names` name, side by side in one Spark session (one pause
-    of capture for all of them when verifying, one runner restart when swapping)."""
+    of capture for all of them when verifying, one stop of the runner's queries when swapping)."""
     wanted = {projection_of(settings, name) for name in names}
     projections = [p for p in all_projections(settings) if p in wanted]  # the runner's order: views last
     if swap and ledger.PROJECTION in projections:
@@ -308,19 +309,22 @@ def compare(duck: DuckDBPyConnection, live: Target | None, rebuilt: Target | Non
 
 
 def _swap(settings: Settings, builds: list[Build], say) -> None:
-    """Steps 3b to 3e."""
-    was_running = stop_background(settings)
-    if was_running:
-        say("swap: live runner stopped between batches")
+    """Steps 3b to 3e: by the running runner (sync/commands/runner.py `hand_over_swap`),
+    else here."""
+    generations = {b.projection.name: (b.generation, str(catalog.root(b.shadow, b.projection.name))) for b in builds}
+    said = hand_over_swap(settings, generations)
+    if said is not None:
+        for line in said:
+            say(line)
+        return
     for build in builds:
         name = build.projection.name
+        if catalog.entry(settings, name)["generation"] == build.generation:
+            continue  # a runner that exited mid-swap had swapped it in
         old = catalog.swap(settings, name, build.generation, catalog.root(build.shadow, name))
         say(f"swap: the catalog now points {name} at generation {build.generation}")
         catalog.retire(settings, build.projection, old)
         say(f"swap: {name} generation {old['generation']} retired")
-    if was_running:
-        start_background(settings)
-        say("swap: runner started again; it goes on from the new generations' checkpoints")
 
 
 class _Progress:

@@ -10,6 +10,10 @@ committing transactions. Without --once, their batches stop at common places
 (`Settings.aligned`), so that the consistent point moves under load; with it they do
 not: a projection ahead of the one it follows would hold what that one had not reached
 when its query ran out of records, and the run would end with it behind.
+
+Between two turns of its loop the runner also takes a `rebuild --swap` handed over to it:
+it stops its queries, swaps the new generations in and starts them again, in the same
+process (`hand_over_swap`, below).
 """
 
 from __future__ import annotations
@@ -19,21 +23,24 @@ import re
 import signal
 import sys
 import threading
+import time
 from dataclasses import replace
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from sync import lake
 from sync.cdc.transactions import TRANSACTIONS_TOPIC
 from sync.commands import all_projections
 from sync.commands.snapshot import FOLLOW_ORDER
 from sync.config import Settings
-from sync.delta import fencing
+from sync.delta import catalog, fencing
 from sync.errors import Fenced, RunnerFailed, ServiceUnavailable
+from sync.files import read_json, write_json_atomically
 from sync.projection import KafkaTopics, Projection
 from sync.stack.background import reap_orphaned_jvm
 from sync.stack.kafka import kafka_ready
-from sync.stack.process import read_pid
+from sync.stack.process import pid_alive, read_pid
 from sync.streaming import metrics
 from sync.streaming import spark as spark_session
 from sync.streaming.offsets import end_offsets
@@ -69,18 +76,15 @@ def run(settings: Settings, once: bool = False) -> None:
         jvm = spark._jvm.java.lang.ProcessHandle.current().pid()
         settings.runner_jvm_pidfile.write_text(f"{jvm} {os.getpid()}")
         settings.runner_pidfile.write_text(str(os.getpid()))
-        queries = []
         by_name = {p.name: p for p in projections}
         restarts = dict.fromkeys(by_name, 0)
         losses = dict.fromkeys(by_name, 0)  # restarts after a lost executor since the last batch done
-        # A projection fed by Delta tables (views) starts once its tables exist; with
-        # availableNow, once the projections feeding them have finished, so it sees them whole.
-        waiting = [p for p in projections if not isinstance(p.source(settings), KafkaTopics)
-                   and (once or not p.ready(settings))]
-        for projection in projections:
-            if projection not in waiting:
-                queries.append(_start(spark, settings, projection, once, fences[projection.name]))
+        queries, waiting = _start_queries(spark, settings, projections, once, fences)
         while not stop.is_set():
+            request = _swap_request(settings)
+            if request is not None:  # `rebuild --swap`, handed over (`hand_over_swap`)
+                _swap(spark, settings, by_name, queries, fences, request)
+                queries, waiting = _start_queries(spark, settings, projections, once, fences)
             upstream_done = all(not q.isActive for q in queries)
             for projection in list(waiting):
                 if projection.ready(settings) and (upstream_done or not once):
@@ -122,10 +126,7 @@ def run(settings: Settings, once: bool = False) -> None:
             if all(not q.isActive for q in queries) and not any(p.ready(settings) for p in waiting):
                 break  # (a projection still waiting has no input tables: nothing to do)
             stop.wait(0.5)
-        # Downstream first: a views batch may be waiting for the mirrors to catch up, and
-        # must finish (or not start) while they still run.
-        for query in reversed(queries):
-            query.stop()
+        _stop_queries(queries)
         # Every query has stopped, so the next run need not stamp the tables. (Not reached
         # when a stop fails: a SIGTERM sent to the whole process group also reaches the
         # JVM, whose shutdown hook stops Spark under the queries; the next run stamps.)
@@ -138,6 +139,108 @@ def run(settings: Settings, once: bool = False) -> None:
             settings.runner_pidfile.unlink()
         if settings.runner_jvm_pidfile.exists() and settings.runner_jvm_pidfile.read_text().endswith(f" {os.getpid()}"):
             settings.runner_jvm_pidfile.unlink()  # our JVM exits with us (stdin closes)
+
+
+def _start_queries(spark: SparkSession, settings: Settings, projections: list[Projection], once: bool,
+                   fences: dict[str, fencing.Fence]) -> tuple[list[StreamingQuery], list[Projection]]:
+    """Every projection's query started, but for those fed by Delta tables (views) whose
+    tables do not exist yet, returned: each starts once they do; with availableNow, once
+    the projections feeding them have finished, so it sees them whole."""
+    waiting = [p for p in projections if not isinstance(p.source(settings), KafkaTopics)
+               and (once or not p.ready(settings))]
+    queries = [_start(spark, settings, p, once, fences[p.name]) for p in projections if p not in waiting]
+    return queries, waiting
+
+
+def _stop_queries(queries: list[StreamingQuery]) -> None:
+    """Downstream first: a views batch may be waiting for the mirrors to catch up, and
+    must finish (or not start) while they still run."""
+    for query in reversed(queries):
+        query.stop()
+
+
+# -- `rebuild --swap` in the running runner ---------------------------------------------------
+# The rebuild hands its swap to the runner rather than stopping it and starting a new one:
+# the runner's warm JVM goes on at once from the new generations' checkpoints, where a new
+# runner process would spend its first minutes compiling (its first batches several times
+# as long), and its metrics endpoint stays up. The hand-over, in order:
+#   1. the rebuild writes its request (its pid, each projection's new generation and
+#      folder) to `Settings.runner_swapfile`, and waits;
+#   2. between two turns of its loop, the runner takes the request (removes the file) and
+#      stops every query, downstream first, as at its own end (a query that reads or
+#      follows a swapped projection resolves its tables when it starts);
+#   3. per projection: its fence closed, the catalog pointed at the new generation (one
+#      atomic rename), the old generation retired, a fence taken in the new one;
+#   4. the runner writes what it did (or why it could not) to
+#      `Settings.runner_swappedfile`, for the rebuild to print, and starts every query again.
+# A runner that exits before it takes the request leaves the swap to the rebuild.
+SWAP_TAKEN_SECONDS = 600  # how long a rebuild waits for the runner to take its request
+
+
+def hand_over_swap(settings: Settings, generations: dict[str, tuple[int, str]]) -> list[str] | None:
+    """Steps 1 and 4 (the rebuild's side): the running runner swaps `generations` (per
+    projection: its new generation and folder) in. Returns the lines it reports, or None
+    when no runner runs or it exited before taking the request (its queries stopped:
+    the caller swaps). Raises RunnerFailed when the runner could not swap."""
+    pid = read_pid(settings.runner_pidfile)
+    if pid is None:
+        return None
+    settings.runner_swappedfile.unlink(missing_ok=True)
+    write_json_atomically(settings.runner_swapfile, {"by": os.getpid(), "generations": generations})
+    deadline = time.monotonic() + SWAP_TAKEN_SECONDS
+    while True:
+        answer = read_json(settings.runner_swappedfile)
+        if answer is not None and answer.get("by") == os.getpid():
+            settings.runner_swappedfile.unlink(missing_ok=True)
+            if answer["error"]:
+                raise RunnerFailed(f"the runner could not swap the new generations in: {answer['error']}")
+            return answer["said"]
+        taken = not settings.runner_swapfile.exists()
+        if read_pid(settings.runner_pidfile) != pid:  # it exited (whatever it did, its queries stopped)
+            settings.runner_swapfile.unlink(missing_ok=True)
+            return None
+        if not taken and time.monotonic() > deadline:
+            settings.runner_swapfile.unlink(missing_ok=True)
+            raise RunnerFailed(f"the runner (pid {pid}) has not taken the swap within {SWAP_TAKEN_SECONDS} s; "
+                               "nothing was swapped (the new generations are kept)")
+        time.sleep(0.2)
+
+
+def _swap_request(settings: Settings) -> dict | None:
+    """Step 2's request, taken (its file removed); None when there is none, or its rebuild
+    has exited (a request left by a rebuild that was killed is dropped)."""
+    request = read_json(settings.runner_swapfile)
+    if request is None:
+        return None
+    settings.runner_swapfile.unlink(missing_ok=True)
+    by = request.get("by")
+    return request if isinstance(by, int) and by > 0 and pid_alive(by) else None
+
+
+def _swap(spark: SparkSession, settings: Settings, by_name: dict[str, Projection], queries: list[StreamingQuery],
+          fences: dict[str, fencing.Fence], request: dict) -> None:
+    """Steps 2 to 4 (the runner's side); the caller starts the queries again."""
+    _stop_queries(queries)
+    said = ["swap: the runner's queries stopped between batches"]
+    try:
+        for name, (generation, folder) in request["generations"].items():
+            projection = by_name[name]
+            fences[name].close()  # its query has stopped: the next taker need not stamp
+            old = catalog.swap(settings, name, generation, lake.at(folder))
+            said.append(f"swap: the catalog now points {name} at generation {generation}")
+            catalog.retire(settings, projection, old)
+            said.append(f"swap: {name} generation {old['generation']} retired")
+            fences[name] = fencing.take(spark, settings, name, [t.table for t in projection.targets(settings) if t.delta])
+    except Exception as error:
+        _answer(settings, request, said, f"{type(error).__name__}: {error}")
+        raise
+    said.append("swap: the runner's queries started again, from the new generations' checkpoints")
+    _answer(settings, request, said)
+
+
+def _answer(settings: Settings, request: dict, said: list[str], error: str | None = None) -> None:
+    """Step 4's answer to `request`: the lines to print, or why the runner could not swap."""
+    write_json_atomically(settings.runner_swappedfile, {"by": request["by"], "said": said, "error": error})
 
 
 def _start(spark: SparkSession, settings: Settings, projection: Projection, once: bool,

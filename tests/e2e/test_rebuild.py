@@ -9,7 +9,7 @@ every mirror (one of them with key changes that leave TOASTed values alone, a co
 added with a default, a column renamed and one dropped); the event-time inputs,
 windows, sessions and join (whose watermarks, taken per event in commit order, must not
 depend on where either run's batches split). The views, the mirrors and event time are
-then swapped in, and the tests after this one run on them.
+then swapped in by the running runner, and the tests after this one run on them.
 Postgres has the last word: barrier, then verify of every projection.
 """
 
@@ -29,6 +29,7 @@ from projections import mirrors
 from sync import config
 from sync.delta import catalog
 from sync.demo import bank
+from sync.stack.process import read_pid
 from tests.e2e.conftest import lakesync
 from tests.e2e.test_views import Workload
 
@@ -130,6 +131,7 @@ def test_every_kind_rebuilt_under_load_equals_the_live_one_and_the_mirrors_swap_
     # (swapped in) equal to Postgres.
     key_changes_and_an_added_default(stack)
     old_mirror = Path(mirrors.mirror_path(stack, "customers"))
+    runner = read_pid(stack.runner_pidfile)
     writer = Writer(stack)
     writer.start()
     try:
@@ -153,7 +155,11 @@ def test_every_kind_rebuilt_under_load_equals_the_live_one_and_the_mirrors_swap_
         writer.join(timeout=60)
     assert writer.error is None, writer.error
 
-    # The swap: readers resolve the mirrors and the views in generation 1; generation 0 is retired.
+    # The swap: the running runner swapped them in itself (sync/commands/runner.py
+    # `hand_over_swap`), and runs on, the same process; readers resolve the mirrors and the
+    # views in generation 1; generation 0 is retired.
+    assert "swap: the runner's queries started again" in result.stdout, result.stdout
+    assert runner is not None and read_pid(stack.runner_pidfile) == runner
     assert all(catalog.entry(stack, name)["generation"] == 1 for name in (mirrors.NAME, "views", "event_time"))
     new_mirror = Path(mirrors.mirror_path(stack, "customers"))
     assert new_mirror != old_mirror and (new_mirror / "_delta_log").is_dir() and not old_mirror.exists()
