@@ -1,6 +1,7 @@
-"""The runner as a background process: started by `demo`, `rebuild --swap`, the bench
-and the tests; stopped between batches by `down`, `rebuild --swap` and `resnapshot`; and
-the JVM a killed runner left behind, reaped before a new run starts."""
+"""The runner as a background process: started by `demo`, the bench and the tests;
+stopped between batches by `down` and `resnapshot` (`rebuild --swap` hands its swap to
+the running runner instead: sync/commands/runner.py); and the JVM a killed runner left
+behind, reaped before a new run starts."""
 
 from __future__ import annotations
 
