@@ -31,7 +31,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from sync import lake
 from sync.cdc.transactions import TRANSACTIONS_TOPIC
-from sync.commands import all_projections
+from sync.commands import REGISTRY, all_projections
 from sync.commands.snapshot import FOLLOW_ORDER
 from sync.config import Settings
 from sync.delta import catalog, fencing
@@ -83,7 +83,7 @@ def run(settings: Settings, once: bool = False) -> None:
         while not stop.is_set():
             request = _swap_request(settings)
             if request is not None:  # `rebuild --swap`, handed over (`hand_over_swap`)
-                _swap(spark, settings, by_name, queries, fences, request)
+                _swap(spark, settings, queries, fences, request)
                 queries, waiting = _start_queries(spark, settings, projections, once, fences)
             upstream_done = all(not q.isActive for q in queries)
             for projection in list(waiting):
@@ -217,20 +217,25 @@ def _swap_request(settings: Settings) -> dict | None:
     return request if isinstance(by, int) and by > 0 and pid_alive(by) else None
 
 
-def _swap(spark: SparkSession, settings: Settings, by_name: dict[str, Projection], queries: list[StreamingQuery],
-          fences: dict[str, fencing.Fence], request: dict) -> None:
-    """Steps 2 to 4 (the runner's side); the caller starts the queries again."""
+def _swap(spark: SparkSession, settings: Settings, queries: list[StreamingQuery], fences: dict[str, fencing.Fence],
+          request: dict) -> None:
+    """Steps 2 to 4 (the runner's side); the caller starts the queries again. (A
+    projection this runner does not run, LAKESYNC_PROJECTIONS leaving it out, is swapped
+    all the same, and has no fence here.)"""
     _stop_queries(queries)
     said = ["swap: the runner's queries stopped between batches"]
     try:
         for name, (generation, folder) in request["generations"].items():
-            projection = by_name[name]
-            fences[name].close()  # its query has stopped: the next taker need not stamp
+            projection = next(p for p in REGISTRY if p.name == name)
+            if name in fences:
+                fences[name].close()  # its query has stopped: the next taker need not stamp
             old = catalog.swap(settings, name, generation, lake.at(folder))
             said.append(f"swap: the catalog now points {name} at generation {generation}")
             catalog.retire(settings, projection, old)
             said.append(f"swap: {name} generation {old['generation']} retired")
-            fences[name] = fencing.take(spark, settings, name, [t.table for t in projection.targets(settings) if t.delta])
+            if name in fences:
+                fences[name] = fencing.take(spark, settings, name,
+                                            [t.table for t in projection.targets(settings) if t.delta])
     except Exception as error:
         _answer(settings, request, said, f"{type(error).__name__}: {error}")
         raise
