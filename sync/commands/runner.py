@@ -173,15 +173,15 @@ def _stop_queries(queries: list[StreamingQuery]) -> None:
 #      atomic rename), the old generation retired, a fence taken in the new one;
 #   4. the runner writes what it did (or why it could not) to
 #      `Settings.runner_swappedfile`, for the rebuild to print, and starts every query again.
-# A runner that exits before it takes the request leaves the swap to the rebuild.
+# A runner that exits before it answers leaves the rest of the swap to the rebuild.
 SWAP_TAKEN_SECONDS = 600  # how long a rebuild waits for the runner to take its request
 
 
 def hand_over_swap(settings: Settings, generations: dict[str, tuple[int, str]]) -> list[str] | None:
     """Steps 1 and 4 (the rebuild's side): the running runner swaps `generations` (per
     projection: its new generation and folder) in. Returns the lines it reports, or None
-    when no runner runs or it exited before taking the request (its queries stopped:
-    the caller swaps). Raises RunnerFailed when the runner could not swap."""
+    when no runner runs or it exited before answering (its queries have stopped: the
+    caller swaps what it had not). Raises RunnerFailed when the runner could not swap."""
     pid = read_pid(settings.runner_pidfile)
     if pid is None:
         return None
