@@ -309,7 +309,7 @@ def compare(duck: DuckDBPyConnection, live: Target | None, rebuilt: Target | Non
 
 
 def _swap(settings: Settings, builds: list[Build], say) -> None:
-    """Steps 3b to 3e: by the running runner (sync/commands/runner.py `hand_over_swap`),
+    """Steps 3b to 3d: by the running runner (sync/commands/runner.py `hand_over_swap`),
     else here."""
     generations = {b.projection.name: (b.generation, str(catalog.root(b.shadow, b.projection.name))) for b in builds}
     said = hand_over_swap(settings, generations)
@@ -321,10 +321,7 @@ def _swap(settings: Settings, builds: list[Build], say) -> None:
         name = build.projection.name
         if catalog.entry(settings, name)["generation"] == build.generation:
             continue  # a runner that exited mid-swap had swapped it in
-        old = catalog.swap(settings, name, build.generation, catalog.root(build.shadow, name))
-        say(f"swap: the catalog now points {name} at generation {build.generation}")
-        catalog.retire(settings, build.projection, old)
-        say(f"swap: {name} generation {old['generation']} retired")
+        catalog.swap_in(settings, build.projection, build.generation, catalog.root(build.shadow, name), say)
 
 
 class _Progress:

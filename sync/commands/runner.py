@@ -229,10 +229,7 @@ def _swap(spark: SparkSession, settings: Settings, queries: list[StreamingQuery]
             projection = next(p for p in REGISTRY if p.name == name)
             if name in fences:
                 fences[name].close()  # its query has stopped: the next taker need not stamp
-            old = catalog.swap(settings, name, generation, lake.at(folder))
-            said.append(f"swap: the catalog now points {name} at generation {generation}")
-            catalog.retire(settings, projection, old)
-            said.append(f"swap: {name} generation {old['generation']} retired")
+            catalog.swap_in(settings, projection, generation, lake.at(folder), said.append)
             if name in fences:
                 fences[name] = fencing.take(spark, settings, name,
                                             [t.table for t in projection.targets(settings) if t.delta])

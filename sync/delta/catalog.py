@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
+from typing import Callable
 
 from sync import lake
 from sync.config import Settings
@@ -72,6 +73,16 @@ def swap(settings: Settings, projection: str, generation: int, folder: LakePath)
     write_json_atomically(_pointer(settings, projection),
                           {"generation": generation, "root": str(folder), "swapped_at": time.time()})
     return old
+
+
+def swap_in(settings: Settings, projection: Projection, generation: int, folder: LakePath,
+            say: Callable[[str], None]) -> None:
+    """`rebuild --swap`'s steps 3c and 3d for one projection (sync/commands/rebuild.py):
+    the catalog pointed at `folder`, then the generation it replaced retired."""
+    old = swap(settings, projection.name, generation, folder)
+    say(f"swap: the catalog now points {projection.name} at generation {generation}")
+    retire(settings, projection, old)
+    say(f"swap: {projection.name} generation {old['generation']} retired")
 
 
 def clear(settings: Settings, projection: Projection) -> None:

@@ -1,6 +1,7 @@
 """`rebuild --swap` handed over to the running runner (sync/commands/runner.py
 `hand_over_swap`): the request and answer files between two processes, the runner's side
-played here by a thread in the runner's place (its pid: a process of this test's)."""
+played here by a thread in the runner's place (its pid: a process of this test's); and
+the rebuild's own swap when no runner runs."""
 
 import os
 import subprocess
@@ -10,8 +11,10 @@ import time
 
 import pytest
 
+from projections import mirrors
 from sync import config
-from sync.commands import runner
+from sync.commands import rebuild, runner
+from sync.delta import catalog
 from sync.errors import RunnerFailed
 
 GENERATIONS = {"mirrors": (1, "/lake/_generations/mirrors/1")}
@@ -83,3 +86,17 @@ def test_a_request_whose_rebuild_has_exited_is_dropped(settings):
     settings.runner_swapfile.write_text(f'{{"by": {gone.pid}, "generations": {{}}}}')
     assert runner._swap_request(settings) is None
     assert not settings.runner_swapfile.exists()
+
+
+def test_with_no_runner_the_rebuild_swaps_in_and_retires_each_generation_it_built(settings):
+    (settings.lake / "_checkpoints" / "mirrors").mkdir(parents=True)
+    shadow = catalog.building(settings, mirrors.NAME, 1)
+    (catalog.checkpoint(shadow, mirrors.NAME)).mkdir(parents=True)
+    said = []
+    rebuild._swap(settings, [rebuild.Build(mirrors.PROJECTION, shadow, 1)], said.append)
+    assert said == ["swap: the catalog now points mirrors at generation 1", "swap: mirrors generation 0 retired"]
+    assert catalog.checkpoint(settings, mirrors.NAME) == catalog.checkpoint(shadow, mirrors.NAME)
+    assert not (settings.lake / "_checkpoints" / "mirrors").exists()
+    # A runner that exited mid-swap had swapped it in already: nothing is done twice.
+    rebuild._swap(settings, [rebuild.Build(mirrors.PROJECTION, shadow, 1)], said.append)
+    assert len(said) == 2 and catalog.checkpoint(shadow, mirrors.NAME).is_dir()
