@@ -28,12 +28,13 @@ def settings(tmp_path, monkeypatch):
 
 @pytest.fixture
 def runner_process(settings):
-    """A live process named by the runner's pid file."""
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    """A live process named by the runner's pid file: it waits on its stdin until killed."""
+    process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     settings.runner_pidfile.write_text(str(process.pid))
     yield process
     process.kill()
     process.wait()
+    process.stdin.close()
 
 
 def play_runner(settings, answer):
@@ -45,7 +46,7 @@ def play_runner(settings, answer):
             if request is not None:
                 answer(request)
                 return
-            time.sleep(0.05)
+            time.sleep(0.05)  # a poll, as the runner's loop looks for a request between its turns (every 0.5 s there)
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     return thread
