@@ -320,7 +320,9 @@ def _swap(settings: Settings, builds: list[Build], say) -> None:
     for build in builds:
         name = build.projection.name
         if catalog.entry(settings, name)["generation"] == build.generation:
-            continue  # a runner that exited mid-swap had swapped it in
+            # A runner that exited mid-swap had swapped it in, perhaps not retired the old one.
+            catalog.retire_replaced(settings, build.projection, say)
+            continue
         catalog.swap_in(settings, build.projection, build.generation, catalog.root(build.shadow, name), say)
 
 

@@ -67,6 +67,8 @@ def run(settings: Settings, once: bool = False) -> None:
         signal.signal(sig, lambda *_: stop.set())
     try:
         spark = spark_session.session(settings, spark_session.RUNNER_APP, console=True)
+        for projection in REGISTRY:  # the old generation of a swap whose process died before retiring it
+            catalog.retire_replaced(settings, projection, lambda line: print(f"lakesync run: {line}", file=sys.stderr))
         # The fencing tokens of this run, every one before any query commits: any older
         # runner still alive is now a zombie, whatever moment it wakes up at.
         fences = {p.name: fencing.take(spark, settings, p.name, [t.table for t in p.targets(settings) if t.delta])

@@ -68,20 +68,38 @@ def building(settings: Settings, projection: str, generation: int) -> Settings:
 
 
 def swap(settings: Settings, projection: str, generation: int, folder: LakePath) -> dict:
-    """Point the catalog at `folder`; returns the entry it replaced. Atomic for readers."""
+    """Point the catalog at `folder`; returns the entry it replaced. Atomic for readers.
+    The new entry names the generation it replaced (`replaced`) until `retire_replaced`
+    has retired it: a process that dies between the two leaves that to the next."""
     old = entry(settings, projection)
     write_json_atomically(_pointer(settings, projection),
-                          {"generation": generation, "root": str(folder), "swapped_at": time.time()})
+                          {"generation": generation, "root": str(folder), "swapped_at": time.time(),
+                           "replaced": {"generation": old["generation"], "root": old["root"]}})
     return old
 
 
 def swap_in(settings: Settings, projection: Projection, generation: int, folder: LakePath,
             say: Callable[[str], None]) -> None:
     """`rebuild --swap`'s steps 3c and 3d for one projection (sync/commands/rebuild.py):
-    the catalog pointed at `folder`, then the generation it replaced retired."""
-    old = swap(settings, projection.name, generation, folder)
+    the catalog pointed at `folder`, then the generation it replaced retired (and first
+    one an earlier swap left, before this swap's entry drops its name)."""
+    retire_replaced(settings, projection, say)
+    swap(settings, projection.name, generation, folder)
     say(f"swap: the catalog now points {projection.name} at generation {generation}")
-    retire(settings, projection, old)
+    retire_replaced(settings, projection, say)
+
+
+def retire_replaced(settings: Settings, projection: Projection, say: Callable[[str], None]) -> None:
+    """Step 3d: retire the generation the catalog's entry still names as replaced, then
+    drop the name. Again, it finishes a swap whose process died between its steps (the
+    runner's start, the next rebuild's swap); a second call finds nothing to do."""
+    current = entry(settings, projection.name)
+    old = current.get("replaced")
+    if old is None:
+        return
+    if old["generation"] != current["generation"]:  # (never the generation serving)
+        retire(settings, projection, old)
+    write_json_atomically(_pointer(settings, projection.name), {k: v for k, v in current.items() if k != "replaced"})
     say(f"swap: {projection.name} generation {old['generation']} retired")
 
 

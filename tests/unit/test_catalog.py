@@ -56,6 +56,33 @@ def test_swap_repoints_every_reader_and_retire_removes_only_that_projections_par
     assert not folder.exists() and catalog.entry(settings, "mirrors")["generation"] == 2
 
 
+def test_a_swap_cut_short_before_retiring_the_old_generation_is_finished_by_the_next_start_or_swap(settings):
+    """A process that dies between pointing the catalog at the new generation and retiring
+    the old one (the runner's swap, the rebuild's own) leaves the old one named in the
+    catalog's entry: the runner's start (`retire_replaced`) or the next swap retires it."""
+    (settings.lake / "mirrors" / "orders" / "_delta_log").mkdir(parents=True)
+    (settings.lake / "_checkpoints" / "mirrors").mkdir(parents=True)
+    folders = {n: catalog.root(catalog.building(settings, "mirrors", n), "mirrors") for n in (1, 2, 3)}
+    for folder in folders.values():
+        (folder / "mirrors").mkdir(parents=True)
+    catalog.swap(settings, "mirrors", 1, folders[1])  # and the process dies
+    assert catalog.entry(settings, "mirrors")["replaced"] == {"generation": 0, "root": str(settings.lake)}
+    assert (settings.lake / "mirrors" / "orders").is_dir()
+    said = []
+    catalog.retire_replaced(settings, mirrors.PROJECTION, said.append)
+    catalog.retire_replaced(settings, mirrors.PROJECTION, said.append)  # nothing left to do
+    assert said == ["swap: mirrors generation 0 retired"]
+    assert not (settings.lake / "mirrors" / "orders").exists() and not (settings.lake / "_checkpoints" / "mirrors").exists()
+    assert "replaced" not in catalog.entry(settings, "mirrors") and folders[1].is_dir()
+    catalog.swap(settings, "mirrors", 2, folders[2])  # cut short again; then a whole swap
+    said.clear()
+    catalog.swap_in(settings, mirrors.PROJECTION, 3, folders[3], said.append)
+    assert said == ["swap: mirrors generation 1 retired", "swap: the catalog now points mirrors at generation 3",
+                    "swap: mirrors generation 2 retired"]
+    assert not folders[1].exists() and not folders[2].exists() and folders[3].is_dir()
+    assert catalog.entry(settings, "mirrors")["generation"] == 3 and "replaced" not in catalog.entry(settings, "mirrors")
+
+
 @pytest.mark.parametrize("name,projection", [("mirrors", "mirrors"), ("mirror.orders", "mirrors"),
                                              ("ledger", "ledger"), ("ledger.balances", "ledger"),
                                              ("ledger.enriched", "views"), ("view.order_docs", "views"),
