@@ -53,6 +53,14 @@ TABLE_PROPERTIES = {
     DELETION_VECTORS: "false",
     "delta.enableChangeDataFeed": "false",
     "delta.autoOptimize.optimizeWrite": "false",
+    # A checkpoint of the log every 50th commit, not Delta's every 10th. Ours commit every
+    # batch, and the commit that writes one waits for it (a Spark job over the table's
+    # state, about 0.5 s here); each commit since then is one more JSON file that a new
+    # snapshot replays (about 0.3 ms). The mirrors' batch of 2 tables, 10 updates each,
+    # alternating in one session: 1.607 s on average every 10, 1.540 s every 50
+    # (docs/benchmark.md). Below Delta's forced validation of the version checksum (400
+    # commits after a checkpoint).
+    "delta.checkpointInterval": "50",
 }
 
 
@@ -285,16 +293,24 @@ def table_exists(path: str) -> bool:
     return (lake.at(path) / "_delta_log").is_dir()
 
 
+_found_versions: dict[str, int] = {}  # per table path: the latest version `latest_version` found
+
+
 def latest_version(path: str) -> int:
-    """The table's latest version, from its log's files: from the last checkpoint on (at
-    most a checkpoint interval of files to probe), not by listing the whole log."""
+    """The table's latest version, from its log's files, probed upwards (in a bucket each
+    probe is a request), never by listing the whole log: from the version found the last
+    time while its file is there (a version's number only grows; a table removed and made
+    again may have none of that number yet), else from the last checkpoint on."""
     log = lake.at(path) / "_delta_log"
-    try:
-        version = json.loads((log / "_last_checkpoint").read_text())["version"]
-    except (FileNotFoundError, ValueError, KeyError):  # none yet, or being rewritten: probe from the start
-        version = 0
+    version = _found_versions.get(path)
+    if version is None or not (log / f"{version:020d}.json").is_file():
+        try:
+            version = json.loads((log / "_last_checkpoint").read_text())["version"]
+        except (FileNotFoundError, ValueError, KeyError):  # none yet, or being rewritten: probe from the start
+            version = 0
     while (log / f"{version + 1:020d}.json").is_file():
         version += 1
+    _found_versions[path] = version
     return version
 
 
