@@ -26,7 +26,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, Iterable, TypeVar
 
 from sync import lake
-from sync.config import Settings
+from sync.config import PROJECTIONS, Settings
 from sync.errors import StackError
 from sync.stack.jvm import QUIET_CDS
 
@@ -86,6 +86,25 @@ INTERPRETED = "NO_CODEGEN"
 GENERATED = "FALLBACK"  # (generated, interpreted only where it does not compile)
 
 
+# The FAIR scheduler's pools, one per projection (the runner's queries and the rebuild's
+# each set theirs), declared as Spark would make them (FIFO within, weight 1, no minimum
+# share): a pool not declared is made all the same on its first job, but with a warning
+# in the log that it "has not been configured".
+POOLS = ("<?xml version=\"1.0\"?>\n<allocations>\n"
+         + "".join(f'  <pool name="{name}"><schedulingMode>FIFO</schedulingMode><weight>1</weight>'
+                   "<minShare>0</minShare></pool>\n" for name in PROJECTIONS)
+         + "</allocations>\n")
+
+
+def pools_file(settings: Settings) -> Path:
+    """The pools' allocation file, in the stack's home, written when it differs."""
+    path = settings.home / "spark-pools.xml"
+    if not path.is_file() or path.read_text() != POOLS:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lake.replace_text(path, POOLS)
+    return path
+
+
 def session(settings: Settings, app_name: str = "lakesync", java_options: str = "", console: bool = False):
     """A Spark session for the runner, verify and the tests (one per process). The driver
     JVM maps the class archive, unless `java_options` says otherwise (`archive_classes`).
@@ -113,6 +132,7 @@ def session(settings: Settings, app_name: str = "lakesync", java_options: str = 
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
         .config("spark.scheduler.mode", "FAIR")
+        .config("spark.scheduler.allocation.file", str(pools_file(settings)))
         # Compiled generated code, by source. The default 100 entries thrash under five
         # queries' plans (a profile of the runner under a trickle: Janino compiling 8.8% of
         # the JVM's CPU; 1.8% with this).

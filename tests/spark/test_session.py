@@ -19,6 +19,16 @@ def test_the_session_maps_the_class_archive_make_jars_wrote(spark):
     assert "sharing" in jvm.java.lang.System.getProperty("java.vm.info")
 
 
+def test_every_projections_scheduler_pool_is_declared(spark):
+    """The FAIR scheduler's pools are declared (`POOLS`): one not declared would be made on
+    its first job with a warning in the runner's log."""
+    scheduler = spark.sparkContext._jsc.sc()
+    for name in config.PROJECTIONS:
+        pool = scheduler.getPoolForName(name)
+        assert pool.isDefined(), name
+        assert (pool.get().schedulingMode().toString(), pool.get().weight(), pool.get().minShare()) == ("FIFO", 1, 0)
+
+
 def test_the_lake_is_written_without_a_process_per_file_as_hadoop_would(spark, tmp_path):
     """jvm/hadoop: the file: scheme's two file systems (FileSystem for Spark and Parquet,
     FileContext for Delta's commits and the streaming checkpoints) set permissions and tell
