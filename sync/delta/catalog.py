@@ -91,8 +91,8 @@ def swap_in(settings: Settings, projection: Projection, generation: int, folder:
 
 def retire_replaced(settings: Settings, projection: Projection, say: Callable[[str], None]) -> None:
     """Step 3d: retire the generation the catalog's entry still names as replaced, then
-    drop the name. Again, it finishes a swap whose process died between its steps (the
-    runner's start, the next rebuild's swap); a second call finds nothing to do."""
+    drop the name. Called again by the runner's start and by the next swap, it finishes a
+    swap whose process died between its steps; with no name left, it does nothing."""
     current = entry(settings, projection.name)
     old = current.get("replaced")
     if old is None:
