@@ -53,14 +53,6 @@ TABLE_PROPERTIES = {
     DELETION_VECTORS: "false",
     "delta.enableChangeDataFeed": "false",
     "delta.autoOptimize.optimizeWrite": "false",
-    # A checkpoint of the log every 50th commit, not Delta's every 10th. Ours commit every
-    # batch, and the commit that writes one waits for it (a Spark job over the table's
-    # state, about 0.5 s here); each commit since then is one more JSON file that a new
-    # snapshot replays (about 0.3 ms). The mirrors' batch of 2 tables, 10 updates each,
-    # alternating in one session: 1.607 s on average every 10, 1.540 s every 50
-    # (docs/benchmark.md). Below Delta's forced validation of the version checksum (400
-    # commits after a checkpoint).
-    "delta.checkpointInterval": "50",
 }
 
 
